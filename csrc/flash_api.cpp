@@ -1,0 +1,388 @@
+// CUDA implementations of the flash_cuda ops: the only place where tensors meet kernels.
+// Each op checks its arguments (checks.h), turns tensors into a params struct, and dispatches to a
+// hand-written kernel on the current stream. Where no kernel covers a case yet (see
+// `fwd_kernel_covers`), the op runs the exact blockwise reference (reference/reference.h) on the
+// GPU instead: slower, same results, memory still linear in the sequence length.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "checks.h"
+#include "flash_api.h"
+#include "kernels/launch.h"
+#include "reference/reference.h"
+#include "rng.h"
+
+namespace flash_cuda {
+namespace {
+
+// Smallest kernel head dim that holds `d` (kernels exist for these; inputs are padded to a
+// multiple of 8 and the kernel predicates the columns past d).
+int kernel_head_dim(int64_t d) {
+    for (int hd : {32, 64, 96, 128, 160, 192, 224, 256}) {
+        if (d <= hd) return hd;
+    }
+    return -1;
+}
+
+bool head_dim_built(int hd) {
+    switch (hd) {
+#ifdef FLASH_CUDA_HAS_HDIM_32
+        case 32: return true;
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_64
+        case 64: return true;
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_96
+        case 96: return true;
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_128
+        case 128: return true;
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_160
+        case 160: return true;
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_192
+        case 192: return true;
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_224
+        case 224: return true;
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_256
+        case 256: return true;
+#endif
+        default: return false;
+    }
+}
+
+// The sm80 kernels run on compute capability 8.0 and newer.
+bool device_has_sm80_kernels(const at::Tensor& t) {
+    int major = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                          t.get_device()));
+    return major >= 8;
+}
+
+// Pads the head dim (last dim) with zeros up to a multiple of 8 (16-byte rows for the kernels).
+at::Tensor pad_head_dim(const at::Tensor& t) {
+    const int64_t d = t.size(-1);
+    if (d % 8 == 0) return t;
+    return at::constant_pad_nd(t, {0, 8 - d % 8}, 0);
+}
+
+template <typename Fn>
+void dispatch_dtype(at::ScalarType dtype, Fn&& fn) {
+    if (dtype == at::kBFloat16) {
+        fn(__nv_bfloat16{});
+    } else {
+        fn(__half{});
+    }
+}
+
+template <typename Element>
+void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
+    const bool causal = params.is_causal;
+#define FLASH_CUDA_FWD_CASE(HD)                                                         \
+    case HD:                                                                            \
+        if (causal) {                                                                   \
+            run_mha_fwd_sm80<Element, HD, /*Causal=*/true>(params, stream);             \
+        } else {                                                                        \
+            run_mha_fwd_sm80<Element, HD, /*Causal=*/false>(params, stream);            \
+        }                                                                               \
+        return;
+    switch (head_dim) {
+#ifdef FLASH_CUDA_HAS_HDIM_32
+        FLASH_CUDA_FWD_CASE(32)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_64
+        FLASH_CUDA_FWD_CASE(64)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_96
+        FLASH_CUDA_FWD_CASE(96)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_128
+        FLASH_CUDA_FWD_CASE(128)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_160
+        FLASH_CUDA_FWD_CASE(160)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_192
+        FLASH_CUDA_FWD_CASE(192)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_224
+        FLASH_CUDA_FWD_CASE(224)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_256
+        FLASH_CUDA_FWD_CASE(256)
+#endif
+        default:
+            TORCH_CHECK(false, "flash_cuda: no forward kernel for head dim ", head_dim);
+    }
+#undef FLASH_CUDA_FWD_CASE
+}
+
+// Whether a hand-written forward kernel handles this call (else: reference fallback).
+bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim, double dropout_p,
+                       bool return_softmax) {
+    const int hd = kernel_head_dim(head_dim);
+    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && dropout_p == 0.0 &&
+           !return_softmax;
+}
+
+reference::AttnOptions make_options(double softmax_scale, const MaskArgs& mask, double softcap,
+                                    const OptTensor& alibi_slopes, double dropout_p,
+                                    const PhiloxSeed& seed) {
+    reference::AttnOptions opts;
+    opts.softmax_scale = softmax_scale;
+    opts.mask = mask;
+    opts.softcap = softcap;
+    opts.alibi_slopes = alibi_slopes;
+    opts.dropout_p = dropout_p;
+    opts.philox_seed = seed.seed;
+    opts.philox_offset = seed.offset;
+    return opts;
+}
+
+// Fields common to fixed-length and varlen forward calls. q/k/v/out already padded.
+void set_fwd_params(FwdParams& p, const AttnDims& dims, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                    double softmax_scale, const MaskArgs& mask, double softcap,
+                    const OptTensor& alibi_slopes) {
+    p = FwdParams{};
+    const int seq_dim = q.dim() == 4 ? 1 : 0;  // (b, s, h, d) or (total, h, d)
+    p.q_ptr = q.data_ptr();
+    p.k_ptr = k.data_ptr();
+    p.v_ptr = v.data_ptr();
+    p.o_ptr = out.data_ptr();
+    p.q_batch_stride = q.dim() == 4 ? q.stride(0) : 0;
+    p.k_batch_stride = k.dim() == 4 ? k.stride(0) : 0;
+    p.v_batch_stride = v.dim() == 4 ? v.stride(0) : 0;
+    p.o_batch_stride = out.dim() == 4 ? out.stride(0) : 0;
+    p.q_row_stride = q.stride(seq_dim);
+    p.k_row_stride = k.stride(-3);
+    p.v_row_stride = v.stride(-3);
+    p.o_row_stride = out.stride(seq_dim);
+    p.q_head_stride = q.stride(-2);
+    p.k_head_stride = k.stride(-2);
+    p.v_head_stride = v.stride(-2);
+    p.o_head_stride = out.stride(-2);
+    p.h = static_cast<int>(dims.heads);
+    p.h_k = static_cast<int>(dims.heads_k);
+    p.h_h_k_ratio = p.h / p.h_k;
+    p.softmax_lse_ptr = lse.data_ptr<float>();
+    p.b = static_cast<int>(dims.batch);
+    p.seqlen_q = static_cast<int>(dims.seqlen_q);
+    p.seqlen_k = static_cast<int>(dims.seqlen_k);
+    p.d = static_cast<int>(q.size(-1));
+    p.d_rounded = kernel_head_dim(p.d);
+    p.seqlen_q_rounded = static_cast<int>((dims.seqlen_q + 127) / 128 * 128);
+    p.seqlen_k_rounded = static_cast<int>((dims.seqlen_k + 127) / 128 * 128);
+    p.total_q = static_cast<int>(dims.total_q);
+    p.softcap = static_cast<float>(softcap);
+    // With softcap the kernel computes softcap * tanh(s * (scale / softcap)); the scale is then
+    // applied inside the tanh and the log2(e) factor after it.
+    p.scale_softmax = static_cast<float>(softmax_scale);
+    p.scale_softmax_log2 = static_cast<float>(softmax_scale * M_LOG2E);
+    p.window_size_left = static_cast<int>(mask.window_left);
+    p.window_size_right = static_cast<int>(mask.window_right);
+    p.is_causal = mask.causal;
+    p.is_bf16 = q.scalar_type() == at::kBFloat16;
+    p.is_seqlens_k_cumulative = true;
+    p.num_splits = 1;
+    p.p_keep = 1.0f;
+    p.rp_keep = 1.0f;
+    p.p_keep_threshold = 65536u;
+    if (alibi_slopes.has_value()) {
+        p.alibi_slopes_ptr = alibi_slopes->data_ptr();
+        p.alibi_slopes_batch_stride = alibi_slopes->dim() == 2 ? alibi_slopes->stride(0) : 0;
+    }
+}
+
+at::Tensor empty_rng_state(const at::Tensor& q, const PhiloxSeed& seed) {
+    auto cpu = at::empty({2}, at::TensorOptions().dtype(at::kLong));
+    cpu[0] = static_cast<int64_t>(seed.seed);
+    cpu[1] = static_cast<int64_t>(seed.offset);
+    return cpu.to(q.device(), /*non_blocking=*/true);
+}
+
+}  // namespace
+
+FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const OptTensor& alibi_slopes, double dropout_p, double softmax_scale,
+                       bool causal, int64_t window_size_left, int64_t window_size_right,
+                       double softcap, bool return_softmax, const OptTensor& rng_state) {
+    const AttnDims dims = check_fwd_inputs(q, k, v);
+    check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
+    check_alibi(alibi_slopes, q, dims);
+    if (rng_state.has_value()) check_rng_state(*rng_state, q, "rng_state");
+    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, dims.seqlen_k);
+    c10::cuda::CUDAGuard guard(q.device());
+    const PhiloxSeed seed = philox_seed_for(q, rng_state, dropout_p, dims.batch * dims.heads);
+
+    if (!fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax)) {
+        auto [out, lse, s_dmask] = reference::fwd(
+            q, k, v, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed),
+            return_softmax);
+        return {out, lse, s_dmask, empty_rng_state(q, seed)};
+    }
+
+    const at::Tensor q_p = pad_head_dim(q), k_p = pad_head_dim(k), v_p = pad_head_dim(v);
+    at::Tensor out = at::empty_like(q_p, q_p.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));
+    FwdParams params;
+    set_fwd_params(params, dims, q_p, k_p, v_p, out, lse, softmax_scale, mask, softcap,
+                   alibi_slopes);
+    if (dims.seqlen_q > 0) {
+        const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+        dispatch_dtype(q.scalar_type(), [&](auto element) {
+            run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
+        });
+    }
+    if (out.size(-1) != dims.head_dim) out = out.narrow(-1, 0, dims.head_dim);
+    return {out, lse, at::empty({0}, q.options()), empty_rng_state(q, seed)};
+}
+
+FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                              const OptTensor& seqused_k, const OptTensor& block_table,
+                              const OptTensor& alibi_slopes, int64_t max_seqlen_q,
+                              int64_t max_seqlen_k, double dropout_p, double softmax_scale,
+                              bool causal, int64_t window_size_left, int64_t window_size_right,
+                              double softcap, bool return_softmax, const OptTensor& rng_state) {
+    const AttnDims dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                              block_table, max_seqlen_q, max_seqlen_k);
+    check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
+    check_alibi(alibi_slopes, q, dims);
+    if (rng_state.has_value()) check_rng_state(*rng_state, q, "rng_state");
+    // Window sides are normalized per sequence by the kernels/reference; use the max length here.
+    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, max_seqlen_k);
+    c10::cuda::CUDAGuard guard(q.device());
+    const PhiloxSeed seed = philox_seed_for(q, rng_state, dropout_p, dims.batch * dims.heads);
+
+    const bool kernel = fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax) &&
+                        !block_table.has_value();
+    if (!kernel) {
+        auto [out, lse, s_dmask] = reference::varlen_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q,
+            max_seqlen_k, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed),
+            return_softmax);
+        return {out, lse, s_dmask, empty_rng_state(q, seed)};
+    }
+
+    const at::Tensor q_p = pad_head_dim(q), k_p = pad_head_dim(k), v_p = pad_head_dim(v);
+    at::Tensor out = at::empty_like(q_p, q_p.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor lse = at::empty({dims.heads, dims.total_q}, q.options().dtype(at::kFloat));
+    FwdParams params;
+    set_fwd_params(params, dims, q_p, k_p, v_p, out, lse, softmax_scale, mask, softcap,
+                   alibi_slopes);
+    params.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
+    params.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
+    params.seqused_k = seqused_k.has_value() ? seqused_k->data_ptr<int>() : nullptr;
+    params.unpadded_lse = true;
+    if (dims.total_q > 0 && max_seqlen_q > 0) {
+        const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+        dispatch_dtype(q.scalar_type(), [&](auto element) {
+            run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
+        });
+    }
+    if (out.size(-1) != dims.head_dim) out = out.narrow(-1, 0, dims.head_dim);
+    return {out, lse, at::empty({0}, q.options()), empty_rng_state(q, seed)};
+}
+
+BwdResult mha_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& out, const Tensor& softmax_lse,
+                       const OptTensor& alibi_slopes, double dropout_p, double softmax_scale,
+                       bool causal, int64_t window_size_left, int64_t window_size_right,
+                       double softcap, bool deterministic, const Tensor& rng_state) {
+    const AttnDims dims = check_fwd_inputs(q, k, v);
+    check_bwd_inputs(dout, q, out, softmax_lse, dims, /*varlen=*/false);
+    check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
+    check_alibi(alibi_slopes, q, dims);
+    check_rng_state(rng_state, q, "rng_state");
+    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, dims.seqlen_k);
+    c10::cuda::CUDAGuard guard(q.device());
+    // No backward kernel yet (issue: backward kernels): the exact reference, deterministic.
+    (void)deterministic;
+    const PhiloxSeed seed = philox_seed_from_state(rng_state);
+    return reference::bwd(dout, q, k, v, out, softmax_lse,
+                          make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed));
+}
+
+BwdResult mha_varlen_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& softmax_lse,
+                              const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                              const OptTensor& alibi_slopes, int64_t max_seqlen_q,
+                              int64_t max_seqlen_k, double dropout_p, double softmax_scale,
+                              bool causal, int64_t window_size_left, int64_t window_size_right,
+                              double softcap, bool deterministic, const Tensor& rng_state) {
+    const AttnDims dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt,
+                                              std::nullopt, max_seqlen_q, max_seqlen_k);
+    check_bwd_inputs(dout, q, out, softmax_lse, dims, /*varlen=*/true);
+    check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
+    check_alibi(alibi_slopes, q, dims);
+    check_rng_state(rng_state, q, "rng_state");
+    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, max_seqlen_k);
+    c10::cuda::CUDAGuard guard(q.device());
+    (void)deterministic;
+    const PhiloxSeed seed = philox_seed_from_state(rng_state);
+    return reference::varlen_bwd(
+        dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed));
+}
+
+std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
+    const Tensor& q, Tensor& k_cache, Tensor& v_cache, const OptTensor& k, const OptTensor& v,
+    const OptTensor& cache_seqlens, const OptTensor& rotary_cos, const OptTensor& rotary_sin,
+    const OptTensor& cache_batch_idx, const OptTensor& cache_leftpad,
+    const OptTensor& block_table, const OptTensor& alibi_slopes, double softmax_scale,
+    bool causal, int64_t window_size_left, int64_t window_size_right, double softcap,
+    bool rotary_interleaved, int64_t num_splits) {
+    const AttnDims dims = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens,
+                                               rotary_cos, rotary_sin, cache_batch_idx,
+                                               cache_leftpad, block_table, num_splits);
+    check_scalar_args(0.0, softmax_scale, window_size_left, window_size_right, softcap);
+    check_alibi(alibi_slopes, q, dims);
+    // Windows are normalized per sequence (its key count) by the reference.
+    const MaskArgs mask{causal, window_size_left, causal ? 0 : window_size_right};
+    c10::cuda::CUDAGuard guard(q.device());
+    // No KV-cache kernel yet (issue: inference): the exact reference.
+    return reference::kvcache(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin,
+                              cache_batch_idx, cache_leftpad, block_table, rotary_interleaved,
+                              make_options(softmax_scale, mask, softcap, alibi_slopes, 0.0,
+                                           PhiloxSeed{}));
+}
+
+std::tuple<Tensor, Tensor> combine_splits_cuda(const Tensor& out_partial,
+                                               const Tensor& lse_partial,
+                                               at::ScalarType out_dtype) {
+    check_combine_inputs(out_partial, lse_partial, out_dtype);
+    c10::cuda::CUDAGuard guard(out_partial.device());
+    const at::Tensor o_acc = out_partial.contiguous();
+    const at::Tensor lse_acc = lse_partial.contiguous();
+    const int64_t splits = o_acc.size(0), b = o_acc.size(1), h = o_acc.size(2),
+                  sq = o_acc.size(3), d = o_acc.size(4);
+    at::Tensor out = at::empty({b, sq, h, d}, o_acc.options().dtype(out_dtype));
+    at::Tensor lse = at::empty({b, h, sq}, o_acc.options());
+    if (out.numel() == 0 && lse.numel() == 0) return {out, lse};
+    FwdParams p{};
+    p.oaccum_ptr = o_acc.data_ptr();
+    p.softmax_lseaccum_ptr = lse_acc.data_ptr<float>();
+    p.o_ptr = out.data_ptr();
+    p.softmax_lse_ptr = lse.data_ptr<float>();
+    p.o_batch_stride = out.stride(0);
+    p.o_row_stride = out.stride(1);
+    p.o_head_stride = out.stride(2);
+    p.b = static_cast<int>(b);
+    p.h = static_cast<int>(h);
+    p.seqlen_q = static_cast<int>(sq);
+    p.d = static_cast<int>(d);
+    p.d_rounded = static_cast<int>(d);
+    p.num_splits = static_cast<int>(splits);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    dispatch_dtype(out_dtype, [&](auto element) {
+        run_combine_splits<decltype(element)>(p, stream);
+    });
+    return {out, lse};
+}
+
+}  // namespace flash_cuda

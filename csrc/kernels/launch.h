@@ -1,0 +1,40 @@
+// Host-side declarations of every kernel launcher. Included by flash_api.cpp (compiled by the host
+// compiler) and by the .cu files that define them; no torch headers, no device code.
+// Each launcher takes a params struct and the stream to launch on, checks the launch, and never
+// synchronizes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/params.h"
+
+// After every kernel launch: turn a launch error into an exception (a Python RuntimeError).
+#define FLASH_CUDA_CHECK_LAUNCH()                                                             \
+    do {                                                                                      \
+        const cudaError_t flash_cuda_err = cudaGetLastError();                                \
+        if (flash_cuda_err != cudaSuccess) {                                                  \
+            throw std::runtime_error(std::string("flash_cuda: kernel launch failed: ") +      \
+                                     cudaGetErrorString(flash_cuda_err) + " (" __FILE__ ":" + \
+                                     std::to_string(__LINE__) + ")");                         \
+        }                                                                                     \
+    } while (0)
+
+namespace flash_cuda {
+
+// Portable tensor-core forward (mma.sync, sm80+). Element: __half or __nv_bfloat16.
+// HeadDim: the kernel's head dim (params.d <= HeadDim; inputs are padded to a multiple of 8).
+// Instantiated per (Element, HeadDim, Causal) in csrc/instantiations/ (generate_kernels.py).
+template <typename Element, int HeadDim, bool Causal>
+void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream);
+
+// Split-KV combine: merges params.num_splits fp32 partial outputs (oaccum_ptr) and lses
+// (softmax_lseaccum_ptr) into o_ptr (Element) and softmax_lse_ptr. csrc/kernels/combine.cu.
+template <typename Element>
+void run_combine_splits(const FwdParams& params, cudaStream_t stream);
+
+}  // namespace flash_cuda

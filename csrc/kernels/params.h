@@ -1,0 +1,148 @@
+// Plain parameter structs handed from flash_api.cpp (the only file that sees at::Tensor) to the
+// kernels. No torch headers here or below: kernel translation units must compile fast and be
+// usable from plain CUDA C++.
+//
+// Layouts (all strides in elements, 64-bit so tensors over 2^31 elements work):
+//   fixed length : q (b, seqlen_q, h, d), k/v (b, seqlen_k, h_k, d), o like q
+//   varlen       : q (total_q, h, d), k/v (total_k, h_k, d); batch strides unused, the start
+//                  row of sequence i is cu_seqlens_q[i] / cu_seqlens_k[i]
+//   paged KV     : k/v (num_blocks, page_block_size, h_k, d), logical key j of batch i lives in
+//                  block block_table[i * block_table_batch_stride + j / page_block_size],
+//                  row j % page_block_size
+//   lse          : fp32 (b, h, seqlen_q) fixed length, (h, total_q) varlen (unpadded_lse)
+// The last dimension (head dim) is always contiguous.
+#pragma once
+
+#include <cstdint>
+
+namespace flash_cuda {
+
+// Inputs shared by forward and backward: Q, K, V pointers, strides and head counts.
+struct QKVParams {
+    void* __restrict__ q_ptr;
+    void* __restrict__ k_ptr;
+    void* __restrict__ v_ptr;
+
+    int64_t q_batch_stride, k_batch_stride, v_batch_stride;
+    int64_t q_row_stride, k_row_stride, v_row_stride;
+    int64_t q_head_stride, k_head_stride, v_head_stride;
+
+    int h;          // query heads
+    int h_k;        // key/value heads (h % h_k == 0: MQA/GQA)
+    int h_h_k_ratio;  // h / h_k: query head i reads KV head i / h_h_k_ratio
+};
+
+struct FwdParams : public QKVParams {
+    // Output (b, seqlen_q, h, d) in the input dtype.
+    void* __restrict__ o_ptr;
+    int64_t o_batch_stride, o_row_stride, o_head_stride;
+
+    // Split-KV partial results, fp32: oaccum (num_splits, b, h, seqlen_q, d_rounded),
+    // lseaccum (num_splits, b, h, seqlen_q). Only used when num_splits > 1.
+    void* __restrict__ oaccum_ptr;
+    float* __restrict__ softmax_lseaccum_ptr;
+
+    // Log-sum-exp of the scaled (softcapped, biased) scores per query row, natural log, fp32.
+    float* __restrict__ softmax_lse_ptr;
+
+    // S_dmask (b, h, seqlen_q_rounded, seqlen_k_rounded) in the input dtype, only when
+    // return_softmax is set (dropout debugging). nullptr otherwise.
+    void* __restrict__ p_ptr;
+
+    int b, seqlen_q, seqlen_k, d;
+    int seqlen_q_rounded, seqlen_k_rounded, d_rounded;  // rounded up to 128, 128, kernel head dim
+    int total_q;  // varlen: rows of packed q
+
+    // Softmax scale and its base-2 form (scale * log2(e)), folded into one FFMA before exp2.
+    float scale_softmax;
+    float scale_softmax_log2;
+    // softcap > 0: scores become softcap * tanh(scale * s / softcap) before masking.
+    float softcap;
+
+    // varlen: cumulative sequence starts, int32 (b + 1). nullptr for fixed length.
+    int* __restrict__ cu_seqlens_q;
+    int* __restrict__ cu_seqlens_k;
+    // Optional per-batch number of keys actually used, int32 (b): overrides cu_seqlens_k /
+    // seqlen_k (KV cache: cache_seqlens).
+    int* __restrict__ seqused_k;
+    // Optional per-batch first key row of the cache, int32 (b) (KV cache: cache_leftpad).
+    int* __restrict__ leftpad_k;
+    // true when cu_seqlens_k holds cumulative starts; false when it holds per-batch lengths.
+    bool is_seqlens_k_cumulative;
+
+    // KV cache append: new keys/values (b, seqlen_knew, h_k, d) written into k/v at seqused_k.
+    void* __restrict__ knew_ptr;
+    void* __restrict__ vnew_ptr;
+    int64_t knew_batch_stride, vnew_batch_stride;
+    int64_t knew_row_stride, vnew_row_stride;
+    int64_t knew_head_stride, vnew_head_stride;
+    int seqlen_knew;
+
+    // Rotary embedding: cos/sin (seqlen_ro, rotary_dim / 2) in the input dtype.
+    void* __restrict__ rotary_cos_ptr;
+    void* __restrict__ rotary_sin_ptr;
+    int rotary_dim;
+    bool is_rotary_interleaved;
+
+    // KV cache: batch i reads cache row cache_batch_idx[i], int32 (b). nullptr: identity.
+    int* __restrict__ cache_batch_idx;
+
+    // Paged KV cache.
+    int* __restrict__ block_table;
+    int64_t block_table_batch_stride;
+    int page_block_size;
+
+    // Dropout: p_keep = 1 - dropout_p; an element is kept when its 16-bit Philox draw (see
+    // philox.cuh) is < p_keep_threshold; kept values are scaled by rp_keep = 1 / p_keep.
+    float p_keep;
+    uint32_t p_keep_threshold;
+    float rp_keep;
+    // Philox seed and offset, and where the forward writes them (int64 (2) on the device) so the
+    // backward replays the same mask.
+    uint64_t philox_seed;
+    uint64_t philox_offset;
+    int64_t* __restrict__ rng_state;
+
+    // Local (sliding window) attention, bottom-right aligned; -1 = unbounded.
+    int window_size_left, window_size_right;
+
+    // ALiBi: fp32 slopes (h) or (b, h); bias = -slope * |i + seqlen_k - seqlen_q - j|.
+    void* __restrict__ alibi_slopes_ptr;
+    int64_t alibi_slopes_batch_stride;
+
+    bool is_bf16;
+    bool is_causal;
+    bool unpadded_lse;  // lse laid out (h, total_q) (varlen)
+
+    int num_splits;  // split-KV count (1 = no split)
+};
+
+struct BwdParams : public FwdParams {
+    // Gradient of the output, same layout as o.
+    void* __restrict__ do_ptr;
+    int64_t do_batch_stride, do_row_stride, do_head_stride;
+
+    // Gradients of q, k, v in the input dtype, laid out like q, k, v. For GQA dk/dv are first
+    // accumulated per query head (dk_expanded) and summed over each group afterwards.
+    void* __restrict__ dq_ptr;
+    void* __restrict__ dk_ptr;
+    void* __restrict__ dv_ptr;
+    int64_t dq_batch_stride, dk_batch_stride, dv_batch_stride;
+    int64_t dq_row_stride, dk_row_stride, dv_row_stride;
+    int64_t dq_head_stride, dk_head_stride, dv_head_stride;
+
+    // fp32 workspaces: dq_accum (b, seqlen_q_rounded, h, d_rounded); dk/dv_accum for GQA.
+    void* __restrict__ dq_accum_ptr;
+    void* __restrict__ dk_accum_ptr;
+    void* __restrict__ dv_accum_ptr;
+
+    // D = rowsum(dO * O), fp32 (b, h, seqlen_q_rounded).
+    void* __restrict__ dsoftmax_sum;
+
+    // Deterministic mode: per-(batch, head, n-block) semaphores ordering dq accumulation.
+    int* __restrict__ dq_semaphore;
+    bool deterministic;
+    int64_t dq_accum_split_stride;
+};
+
+}  // namespace flash_cuda

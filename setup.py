@@ -1,0 +1,116 @@
+"""Build flash_cuda's extension (flash_cuda/_C.abi3.so) with torch.utils.cpp_extension.
+
+Environment:
+  FLASH_CUDA_ARCHS     ';'-separated architectures, e.g. "80;90a" (default: the visible GPU's,
+                       else "80;90a"). "90a" is needed for the Hopper-only instructions.
+  FLASH_CUDA_HEADDIMS  ','-separated kernel head dims to build, e.g. "64,128" (default: all;
+                       "none" builds no attention kernels: CPU path and small CUDA kernels only).
+  FLASH_CUDA_PTXAS_VERBOSE=1   print the register/shared-memory/spill report of every kernel.
+  MAX_JOBS             parallel compile jobs (ninja).
+  CUDA_HOME            the CUDA toolkit (on a machine without a GPU: /usr/local/cuda).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "csrc"))
+import generate_kernels  # noqa: E402
+
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
+
+
+def cuda_archs() -> list[str]:
+    env = os.environ.get("FLASH_CUDA_ARCHS")
+    if env:
+        return [a.strip() for a in env.replace(",", ";").split(";") if a.strip()]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            arch = f"{major}{minor}"
+            return [arch + "a" if arch == "90" else arch]
+    except Exception:  # noqa: BLE001 - no driver on a build machine is normal
+        pass
+    return ["80", "90a"]
+
+
+def head_dims() -> list[int]:
+    env = os.environ.get("FLASH_CUDA_HEADDIMS", "").strip()
+    if not env:
+        return list(generate_kernels.HEAD_DIMS)
+    if env == "none":
+        return []
+    dims = [int(x) for x in env.split(",") if x.strip()]
+    unknown = sorted(set(dims) - set(generate_kernels.HEAD_DIMS))
+    if unknown:
+        raise SystemExit(
+            f"FLASH_CUDA_HEADDIMS: no kernels for head dims {unknown}; "
+            f"choose from {generate_kernels.HEAD_DIMS}"
+        )
+    return dims
+
+
+def gencode_flags(archs: list[str]) -> list[str]:
+    flags = []
+    for arch in archs:
+        flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
+    return flags
+
+
+def sources(dims: list[int]) -> list[str]:
+    csrc = ROOT / "csrc"
+    srcs = [csrc / "torch_bindings.cpp", csrc / "flash_api.cpp", csrc / "checks.cpp", csrc / "rng.cpp"]
+    srcs += sorted((csrc / "reference").glob("*.cpp"))
+    srcs += sorted((csrc / "kernels").glob("*.cu"))
+    srcs += [
+        p for p in sorted((csrc / "instantiations").glob("*.cu"))
+        if generate_kernels.head_dim_of(p.name) in dims
+    ]
+    return [str(p.relative_to(ROOT)) for p in srcs]
+
+
+def extensions():
+    archs = cuda_archs()
+    dims = head_dims()
+    defines = [f"-DFLASH_CUDA_HAS_HDIM_{d}" for d in dims]
+    cxx = ["-O3", "-std=c++17"] + defines
+    nvcc = [
+        "-O3",
+        "-std=c++17",
+        "-lineinfo",
+        "--use_fast_math",
+        "--expt-relaxed-constexpr",
+        "-DNDEBUG",
+        # torch adds these to every nvcc call; our kernels use the half/bf16 operators.
+        "-U__CUDA_NO_HALF_OPERATORS__",
+        "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "-U__CUDA_NO_HALF2_OPERATORS__",
+    ] + gencode_flags(archs) + defines
+    if os.environ.get("FLASH_CUDA_PTXAS_VERBOSE") == "1":
+        nvcc += ["-Xptxas=-v", "-Xptxas=-warn-spills"]
+    print(f"flash_cuda: archs {archs}, head dims {dims or 'none'}", file=sys.stderr)
+    return [
+        CUDAExtension(
+            name="flash_cuda._C",
+            sources=sources(dims),
+            include_dirs=[str(ROOT / "csrc"), str(ROOT / "csrc" / "include")],
+            extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+            py_limited_api=True,
+        )
+    ]
+
+
+setup(
+    packages=find_packages(include=["flash_cuda", "flash_cuda.*"]),
+    ext_modules=extensions(),
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)
