@@ -80,10 +80,10 @@ def extensions():
     archs = cuda_archs()
     dims = head_dims()
     defines = [f"-DFLASH_CUDA_HAS_HDIM_{d}" for d in dims]
-    cxx = ["-O3", "-std=c++17"] + defines
+    cxx = ["-O3", "-std=c++20"] + defines
     nvcc = [
         "-O3",
-        "-std=c++17",
+        "-std=c++20",
         "-lineinfo",
         "--use_fast_math",
         "--expt-relaxed-constexpr",
