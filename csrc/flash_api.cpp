@@ -81,7 +81,7 @@ void dispatch_dtype(at::ScalarType dtype, Fn&& fn) {
 
 template <typename Element>
 void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
-    const bool causal = params.is_causal;
+    [[maybe_unused]] const bool causal = params.is_causal;
 #define FLASH_CUDA_FWD_CASE(HD)                                                         \
     case HD:                                                                            \
         if (causal) {                                                                   \
