@@ -31,11 +31,6 @@ def _check_cuda_dtype(t: torch.Tensor, name: str) -> None:
         )
 
 
-def _lse_dtype(q: torch.Tensor) -> torch.dtype:
-    """softmax_lse is fp32 (fp64 only for fp64 inputs of the CPU reference)."""
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
-
-
 def _empty_rng_state(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty((2,), dtype=torch.int64)
 
@@ -55,7 +50,7 @@ def _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_si
     _check_cuda_dtype(q, "q")
     b, sq, h, _ = q.shape
     sk = k.shape[1]
-    lse = q.new_empty((b, h, sq), dtype=_lse_dtype(q))
+    lse = q.new_empty((b, h, sq), dtype=torch.float32)
     if return_softmax:
         s_dmask = q.new_empty((b, h, _round128(sq), _round128(sk)))
     else:
@@ -71,7 +66,7 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table
     _check_cuda_dtype(q, "q")
     total_q, h, _ = q.shape
     b = cu_seqlens_q.shape[0] - 1
-    lse = q.new_empty((h, total_q), dtype=_lse_dtype(q))
+    lse = q.new_empty((h, total_q), dtype=torch.float32)
     if return_softmax:
         s_dmask = q.new_empty((b, h, _round128(max_seqlen_q), _round128(max_seqlen_k)))
     else:
@@ -101,7 +96,7 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rota
                       num_splits):
     _check_cuda_dtype(q, "q")
     b, sq, h, _ = q.shape
-    return _empty_out(q), q.new_empty((b, h, sq), dtype=_lse_dtype(q))
+    return _empty_out(q), q.new_empty((b, h, sq), dtype=torch.float32)
 
 
 @torch.library.register_fake("flash_cuda::combine_splits")

@@ -123,8 +123,8 @@ def test_noncontiguous_dout():
     for g, r in zip(torch.autograd.grad(out, (q, k, v), dout_rows, retain_graph=True), ref):
         torch.testing.assert_close(g, r)
     # out.sum() sends an expanded (all strides 0) gradient.
+    ref = torch.autograd.grad(out, (q, k, v), torch.ones_like(out), retain_graph=True)
     out.sum().backward()
-    ref = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     torch.testing.assert_close(q.grad, ref[0])
 
 

@@ -90,6 +90,29 @@ def test_compile_traces_int_cache_seqlens_and_sdpa_meta():
     assert out.shape == q.shape and y.shape == x.shape
 
 
+def test_compile_dynamic_shapes_meta():
+    """Symbolic sequence lengths and max_seqlen (one graph serves every length)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    fn = torch.compile(_attn_gqa, fullgraph=True, backend=counter, dynamic=True)
+    for s in (5, 9, 13):
+        q = rand(2, s, 4, 16, dtype=torch.float16, device="meta", requires_grad=True)
+        k = rand(2, s + 3, 2, 16, dtype=torch.float16, device="meta", requires_grad=True)
+        fn(q, k, k).sum().backward()
+        assert q.grad.shape == q.shape
+    assert counter.frame_count == 1
+
+    def varlen(q, cu, max_seqlen):
+        return flash_cuda.flash_attn_varlen_func(q, q, q, cu, cu, max_seqlen, max_seqlen)
+
+    fn = torch.compile(varlen, fullgraph=True, backend="aot_eager", dynamic=True)
+    for total in (10, 20):
+        q = rand(total, 4, 16, dtype=torch.float16, device="meta")
+        cu = torch.zeros(3, dtype=torch.int32, device="meta")
+        assert fn(q, cu, total).shape == q.shape
+
+
 class _Wrap(torch.nn.Module):
     def __init__(self, fn):
         super().__init__()
