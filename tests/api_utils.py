@@ -4,26 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
 
 import flash_cuda  # noqa: F401  (registers the ops, their fakes and autograd)
-
-
-def _reference_available() -> bool:
-    """Whether the CPU ops compute (the C++ reference is built in), not the 'not yet' stubs."""
-    q = torch.zeros(1, 1, 1, 8)
-    try:
-        torch.ops.flash_cuda.fwd(q, q, q, None, 0.0, 1.0, False, -1, -1, 0.0, False)
-    except NotImplementedError:
-        return False
-    return True
-
-
-REFERENCE = _reference_available()
-requires_reference = pytest.mark.skipif(
-    not REFERENCE, reason="the CPU reference (csrc/reference) is not built in yet"
-)
 
 
 @contextlib.contextmanager

@@ -11,10 +11,8 @@ import torch
 from torch.autograd import gradcheck
 
 import flash_cuda
-from api_utils import cu_seqlens, rand, requires_reference
+from api_utils import cu_seqlens, rand
 from naive_attention import naive_attention
-
-pytestmark = requires_reference
 
 f64 = dict(dtype=torch.float64, requires_grad=True)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import flash_cuda
-from api_utils import cu_seqlens, rand, requires_reference
+from api_utils import cu_seqlens, rand
 
 ops = torch.ops.flash_cuda
 
@@ -172,7 +172,6 @@ def _grads(fn, inputs):
     return out, grads
 
 
-@requires_reference
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
 def test_compiled_attention_equals_eager(backend):
     torch._dynamo.reset()
@@ -186,7 +185,6 @@ def test_compiled_attention_equals_eager(backend):
         torch.testing.assert_close(g_c, g)
 
 
-@requires_reference
 def test_compiled_varlen_equals_eager():
     inputs = _inputs_varlen("cpu", torch.float32, requires_grad=True)
     torch.manual_seed(11)
@@ -198,7 +196,6 @@ def test_compiled_varlen_equals_eager():
         torch.testing.assert_close(g_c, g)
 
 
-@requires_reference
 def test_compiled_decode_step_equals_eager():
     args = _inputs_decode("cpu", torch.float32)
     eager_args = [a.clone() for a in args]
@@ -228,18 +225,15 @@ def _opcheck(op, args):
     torch.library.opcheck(op, args)
 
 
-@requires_reference
 def test_opcheck_fwd():
     _opcheck(ops.fwd.default, _fwd_args())
     _opcheck(ops.fwd.default, _fwd_args(return_softmax=True))
 
 
-@requires_reference
 def test_opcheck_varlen_fwd():
     _opcheck(ops.varlen_fwd.default, _varlen_fwd_args())
 
 
-@requires_reference
 def test_opcheck_bwd():
     args = _fwd_args()
     with torch.no_grad():
@@ -250,7 +244,6 @@ def test_opcheck_bwd():
                                scale, causal, left, right, softcap, False, rng))
 
 
-@requires_reference
 def test_opcheck_varlen_bwd():
     args = _varlen_fwd_args()
     with torch.no_grad():
@@ -262,7 +255,6 @@ def test_opcheck_varlen_bwd():
                                       False, rng))
 
 
-@requires_reference
 @pytest.mark.parametrize("paged", [False, True])
 def test_opcheck_fwd_kvcache(paged):
     q, k_cache, v_cache, k, v, seqlens, cos, sin = _inputs_decode("cpu", torch.float32)
@@ -276,7 +268,6 @@ def test_opcheck_fwd_kvcache(paged):
               -1, -1, 0.0, False, 0))
 
 
-@requires_reference
 def test_opcheck_combine_splits():
     out_partial = torch.randn(3, 2, 4, 5, 16)
     lse_partial = torch.randn(3, 2, 4, 5)

@@ -97,3 +97,37 @@ def test_differentiable():
     y = apply_rotary_emb(x, cos, sin)
     (g,) = torch.autograd.grad((y ** 2).sum(), x)
     torch.testing.assert_close(g, 2 * x.detach())
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+def test_kvcache_rotary_is_apply_rotary_emb(interleaved, causal):
+    """flash_attn_with_kvcache(rotary_cos, rotary_sin) == apply_rotary_emb on the new keys (at
+    cache_seqlens + t) and on q (at cache_seqlens + t when causal/local, else all rows at
+    cache_seqlens: flash_attn's rule), then attention over the cache."""
+    import flash_cuda
+
+    torch.manual_seed(4)
+    b, s_cache, h, hk, d, s_new = 2, 16, 4, 2, 16, 3
+    q = torch.randn(b, s_new, h, d, dtype=torch.float64)
+    k_new, v_new = (torch.randn(b, s_new, hk, d, dtype=torch.float64) for _ in range(2))
+    k_cache, v_cache = (torch.randn(b, s_cache, hk, d, dtype=torch.float64) for _ in range(2))
+    seqlens = torch.tensor([2, 9], dtype=torch.int32)
+    cos, sin = _cos_sin(s_cache, 3)  # rotary_dim 6 < d
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    out = flash_cuda.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cos, sin,
+                                             seqlens, causal=causal,
+                                             rotary_interleaved=interleaved)
+    k_rot = apply_rotary_emb(k_new, cos, sin, interleaved, seqlen_offsets=seqlens)
+    if causal:
+        q_rot = apply_rotary_emb(q, cos, sin, interleaved, seqlen_offsets=seqlens)
+    else:
+        q_rot = apply_rotary_emb(q.reshape(b * s_new, 1, h, d), cos, sin, interleaved,
+                                 seqlen_offsets=seqlens.repeat_interleave(s_new)).reshape(q.shape)
+    for i, s in enumerate(seqlens.tolist()):
+        k_ref[i, s:s + s_new], v_ref[i, s:s + s_new] = k_rot[i], v_new[i]
+        ref = flash_cuda.flash_attn_func(q_rot[i:i + 1], k_ref[i:i + 1, :s + s_new],
+                                         v_ref[i:i + 1, :s + s_new], causal=causal)
+        torch.testing.assert_close(out[i:i + 1], ref)
+    torch.testing.assert_close(k_cache, k_ref)
+    torch.testing.assert_close(v_cache, v_ref)
