@@ -208,6 +208,25 @@ def test_backward_shapes_meta():
     assert qv.grad.shape == qv.shape and kv.grad.shape == kv.shape
 
 
+def test_bwd_ops_fake():
+    ops = torch.ops.flash_cuda
+    with fake_mode():
+        q = rand(B, SQ, H, D, dtype=torch.bfloat16, device="cuda")
+        k = rand(B, SK, HK, D, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(B, H, SQ, device="cuda")
+        rng = torch.empty(2, dtype=torch.int64, device="cuda")
+        dq, dk, dv = ops.bwd(q, q, k, k, q, lse, None, 0.0, 0.1, True, -1, -1, 0.0, False, rng)
+        assert dq.shape == q.shape and dk.shape == dv.shape == k.shape
+        assert dq.dtype == dk.dtype == torch.bfloat16 and dq.device.type == "cuda"
+        cq, ck = cu_seqlens([10, 20], "cuda"), cu_seqlens([25, 15], "cuda")
+        qv = rand(30, H, D, dtype=torch.bfloat16, device="cuda")
+        kv = rand(40, HK, D, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(H, 30, device="cuda")
+        dq, dk, dv = ops.varlen_bwd(qv, qv, kv, kv, qv, lse, cq, ck, None, 20, 25, 0.0, 0.1,
+                                    False, -1, -1, 0.0, False, rng)
+        assert dq.shape == qv.shape and dk.shape == dv.shape == kv.shape
+
+
 def test_combine_splits_fake():
     with fake_mode():
         o = torch.empty(3, B, H, SQ, D, device="cuda")
