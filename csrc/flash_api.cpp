@@ -70,6 +70,13 @@ at::Tensor pad_head_dim(const at::Tensor& t) {
     return at::constant_pad_nd(t, {0, 8 - d % 8}, 0);
 }
 
+// Drops the padding columns again. The copy keeps the output contiguous, as the fake (meta)
+// implementation and the CPU op promise (torch.compile checks output strides).
+at::Tensor unpad_head_dim(const at::Tensor& out, int64_t head_dim) {
+    if (out.size(-1) == head_dim) return out;
+    return out.narrow(-1, 0, head_dim).contiguous();
+}
+
 template <typename Fn>
 void dispatch_dtype(at::ScalarType dtype, Fn&& fn) {
     if (dtype == at::kBFloat16) {
@@ -238,7 +245,7 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
             run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
         });
     }
-    if (out.size(-1) != dims.head_dim) out = out.narrow(-1, 0, dims.head_dim);
+    out = unpad_head_dim(out, dims.head_dim);
     return {out, lse, at::empty({0}, q.options()), empty_rng_state(q, seed)};
 }
 
@@ -285,7 +292,7 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
             run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
         });
     }
-    if (out.size(-1) != dims.head_dim) out = out.narrow(-1, 0, dims.head_dim);
+    out = unpad_head_dim(out, dims.head_dim);
     return {out, lse, at::empty({0}, q.options()), empty_rng_state(q, seed)};
 }
 
