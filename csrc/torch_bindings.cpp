@@ -23,14 +23,14 @@ TORCH_LIBRARY(flash_cuda, m) {
     m.def(
         "fwd(Tensor q, Tensor k, Tensor v, Tensor? alibi_slopes, float dropout_p, "
         "float softmax_scale, bool causal, int window_size_left, int window_size_right, "
-        "float softcap, bool return_softmax, Tensor? rng_state=None) "
+        "float softcap, bool return_softmax, Tensor? rng_state=None, bool deterministic=False) "
         "-> (Tensor out, Tensor softmax_lse, Tensor S_dmask, Tensor rng_state)");
     m.def(
         "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "Tensor? seqused_k, Tensor? block_table, Tensor? alibi_slopes, int max_seqlen_q, "
         "int max_seqlen_k, float dropout_p, float softmax_scale, bool causal, "
         "int window_size_left, int window_size_right, float softcap, bool return_softmax, "
-        "Tensor? rng_state=None) "
+        "Tensor? rng_state=None, bool deterministic=False) "
         "-> (Tensor out, Tensor softmax_lse, Tensor S_dmask, Tensor rng_state)");
     m.def(
         "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "

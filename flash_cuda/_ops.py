@@ -46,7 +46,7 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
 
 @torch.library.register_fake("flash_cuda::fwd")
 def _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_size_left,
-              window_size_right, softcap, return_softmax, rng_state=None):
+              window_size_right, softcap, return_softmax, rng_state=None, deterministic=False):
     _check_cuda_dtype(q, "q")
     b, sq, h, _ = q.shape
     sk = k.shape[1]
@@ -62,7 +62,7 @@ def _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_si
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                      max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                      window_size_left, window_size_right, softcap, return_softmax,
-                     rng_state=None):
+                     rng_state=None, deterministic=False):
     _check_cuda_dtype(q, "q")
     total_q, h, _ = q.shape
     b = cu_seqlens_q.shape[0] - 1
@@ -111,10 +111,10 @@ def _combine_splits_fake(out_partial, lse_partial, out_dtype):
 # arriving for softmax_lse, S_dmask and rng_state are ignored (as flash_attn does).
 
 
-def _deterministic() -> bool:
-    # The forward schemas carry no `deterministic` flag, so the backward follows PyTorch's global
-    # switch (torch.use_deterministic_algorithms).
-    return torch.are_deterministic_algorithms_enabled()
+def _deterministic(requested: bool) -> bool:
+    # flash_attn's `deterministic` argument (carried by the forward op for its backward), or
+    # PyTorch's global switch (torch.use_deterministic_algorithms).
+    return bool(requested) or torch.are_deterministic_algorithms_enabled()
 
 
 def _lastdim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -129,10 +129,11 @@ def _save(ctx, tensors, alibi_slopes):
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_size_left,
-     window_size_right, softcap, _return_softmax, *_rng_state) = inputs
+     window_size_right, softcap, _return_softmax, _rng_state, deterministic) = inputs
     out, softmax_lse, _s_dmask, rng_state = output
     _save(ctx, (q, k, v, out, softmax_lse, rng_state), alibi_slopes)
     ctx.args = (dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap)
+    ctx.deterministic = _deterministic(deterministic)
 
 
 def _fwd_backward(ctx, dout, _dlse, _ds_dmask, _drng_state):
@@ -141,15 +142,15 @@ def _fwd_backward(ctx, dout, _dlse, _ds_dmask, _drng_state):
     dropout_p, softmax_scale, causal, left, right, softcap = ctx.args
     dq, dk, dv = _ops.bwd(_lastdim_contiguous(dout), q, k, v, out, softmax_lse, alibi_slopes,
                           dropout_p, softmax_scale, causal, left, right, softcap,
-                          _deterministic(), rng_state)
-    # One gradient per input of fwd: q, k, v, then none for the 9 non-differentiable ones.
-    return (dq, dk, dv) + (None,) * 9
+                          ctx.deterministic, rng_state)
+    # One gradient per input of fwd: q, k, v, then none for the 10 non-differentiable ones.
+    return (dq, dk, dv) + (None,) * 10
 
 
 def _varlen_fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, max_seqlen_q,
      max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
-     softcap, _return_softmax, *_rng_state) = inputs
+     softcap, _return_softmax, _rng_state, deterministic) = inputs
     out, softmax_lse, _s_dmask, rng_state = output
     _save(ctx, (q, k, v, out, softmax_lse, rng_state, cu_seqlens_q, cu_seqlens_k), alibi_slopes)
     # The backward has no paged-KV or seqused_k form (neither has flash_attn's).
@@ -157,6 +158,7 @@ def _varlen_fwd_setup_context(ctx, inputs, output):
                        else "seqused_k" if seqused_k is not None else None)
     ctx.args = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left,
                 window_size_right, softcap)
+    ctx.deterministic = _deterministic(deterministic)
 
 
 def _varlen_fwd_backward(ctx, dout, _dlse, _ds_dmask, _drng_state):
@@ -171,8 +173,8 @@ def _varlen_fwd_backward(ctx, dout, _dlse, _ds_dmask, _drng_state):
     dq, dk, dv = _ops.varlen_bwd(_lastdim_contiguous(dout), q, k, v, out, softmax_lse,
                                  cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q,
                                  max_seqlen_k, dropout_p, softmax_scale, causal, left, right,
-                                 softcap, _deterministic(), rng_state)
-    return (dq, dk, dv) + (None,) * 15
+                                 softcap, ctx.deterministic, rng_state)
+    return (dq, dk, dv) + (None,) * 16
 
 
 torch.library.register_autograd("flash_cuda::fwd", _fwd_backward,

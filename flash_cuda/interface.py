@@ -42,13 +42,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
     return_attn_probs=True -> (out, softmax_lse fp32 (b, h, sq), S_dmask); S_dmask is
     (b, h, round128(sq), round128(sk)) when dropout_p > 0, else empty (as flash_attn).
-    `deterministic` is accepted for compatibility; the backward follows
-    torch.use_deterministic_algorithms (see flash_cuda/_ops.py).
+    deterministic=True makes the backward bitwise reproducible (so does
+    torch.use_deterministic_algorithms(True)).
     """
     left, right = _window(window_size)
     out, softmax_lse, s_dmask, _ = _flash.fwd(
         q, k, v, alibi_slopes, dropout_p, _scale(softmax_scale, q), causal, left, right,
-        softcap, return_attn_probs and dropout_p > 0)
+        softcap, return_attn_probs and dropout_p > 0, None, deterministic)
     return _result(out, softmax_lse, s_dmask, return_attn_probs)
 
 
@@ -84,7 +84,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out, softmax_lse, s_dmask, _ = _flash.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, None, block_table, alibi_slopes, max_seqlen_q,
         max_seqlen_k, dropout_p, _scale(softmax_scale, q), causal, left, right, softcap,
-        return_attn_probs and dropout_p > 0)
+        return_attn_probs and dropout_p > 0, None, deterministic)
     return _result(out, softmax_lse, s_dmask, return_attn_probs)
 
 

@@ -35,7 +35,8 @@ at::Tensor rng_state_tensor(const PhiloxSeed& seed) {
 FwdResult mha_fwd_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
                       const OptTensor& alibi_slopes, double dropout_p, double softmax_scale,
                       bool causal, int64_t window_size_left, int64_t window_size_right,
-                      double softcap, bool return_softmax, const OptTensor& rng_state) {
+                      double softcap, bool return_softmax, const OptTensor& rng_state,
+                       bool /*deterministic: used by the backward*/) {
     const AttnDims dims = check_fwd_inputs(q, k, v);
     check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
     check_alibi(alibi_slopes, q, dims);
@@ -54,7 +55,8 @@ FwdResult mha_varlen_fwd_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
                              const OptTensor& alibi_slopes, int64_t max_seqlen_q,
                              int64_t max_seqlen_k, double dropout_p, double softmax_scale,
                              bool causal, int64_t window_size_left, int64_t window_size_right,
-                             double softcap, bool return_softmax, const OptTensor& rng_state) {
+                             double softcap, bool return_softmax, const OptTensor& rng_state,
+                       bool /*deterministic: used by the backward*/) {
     const AttnDims dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                               block_table, max_seqlen_q, max_seqlen_k);
     check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
