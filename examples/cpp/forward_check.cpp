@@ -1,0 +1,104 @@
+// flash_cuda from C++: run the forward op through the public header on random inputs and compare
+// with naive attention computed by ATen in fp64. CPU inputs always (fp32, tolerance 1e-4); CUDA
+// inputs (fp16 and bf16) too when a GPU is visible. Exit status 0 only if every case passes.
+//
+//   ./forward_check            (built by CMakeLists.txt, FLASH_CUDA_BUILD_EXAMPLES=ON)
+#include <flash_cuda/flash_cuda.h>
+#include <torch/cuda.h>
+
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <tuple>
+
+namespace {
+
+// softmax(q k^T * scale) v in fp64 with a bottom-right-aligned causal mask (query i sees key j
+// iff j <= i + sk - sq; a row that sees nothing gives 0 and lse +inf). Layout (b, s, h, d), h a
+// multiple of hk. Returns (out (b, sq, h, d), lse (b, h, sq)).
+std::tuple<at::Tensor, at::Tensor> naive_attention(const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, double scale,
+                                                   bool causal) {
+    const int64_t sq = q.size(1), sk = k.size(1), h = q.size(2), hk = k.size(2);
+    auto qd = q.to(at::kDouble).permute({0, 2, 1, 3});  // (b, h, sq, d)
+    auto kd = k.to(at::kDouble).repeat_interleave(h / hk, 2).permute({0, 2, 1, 3});
+    auto vd = v.to(at::kDouble).repeat_interleave(h / hk, 2).permute({0, 2, 1, 3});
+    auto scores = at::matmul(qd, kd.transpose(-2, -1)) * scale;  // (b, h, sq, sk)
+    if (causal) {
+        auto i = at::arange(sq, scores.options().dtype(at::kLong)).unsqueeze(1);
+        auto j = at::arange(sk, scores.options().dtype(at::kLong)).unsqueeze(0);
+        scores = scores.masked_fill(j > i + (sk - sq), -INFINITY);
+    }
+    auto lse = at::logsumexp(scores, -1);  // -inf where a row sees nothing
+    auto probs = at::exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0);
+    auto out = at::matmul(probs, vd).permute({0, 2, 1, 3});
+    lse = lse.masked_fill(at::isinf(lse), INFINITY);
+    return {out, lse};
+}
+
+bool check_case(const char* name, at::TensorOptions opts, int64_t b, int64_t sq, int64_t sk,
+                int64_t h, int64_t hk, int64_t d, bool causal, double tol) {
+    auto q = at::randn({b, sq, h, d}, opts);
+    auto k = at::randn({b, sk, hk, d}, opts);
+    auto v = at::randn({b, sk, hk, d}, opts);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+
+    auto [out, lse, s_dmask, rng_state] =
+        flash_cuda::fwd(q, k, v, std::nullopt, /*dropout_p=*/0.0, scale, causal);
+    auto [ref_out, ref_lse] = naive_attention(q.cpu(), k.cpu(), v.cpu(), scale, causal);
+
+    const double out_err = (out.cpu().to(at::kDouble) - ref_out).abs().max().item<double>();
+    auto lse_cpu = lse.cpu().to(at::kDouble);
+    const bool inf_match = at::equal(at::isinf(lse_cpu), at::isinf(ref_lse));
+    auto finite = at::isfinite(ref_lse);
+    const double lse_err =
+        finite.any().item<bool>()
+            ? (lse_cpu.masked_select(finite) - ref_lse.masked_select(finite)).abs().max()
+                  .item<double>()
+            : 0.0;
+    // The convenience wrapper (default scale 1/sqrt(d)) must give the same output.
+    const double conv_err =
+        (flash_cuda::attention(q, k, v, causal).cpu().to(at::kDouble) - out.cpu().to(at::kDouble))
+            .abs()
+            .max()
+            .item<double>();
+
+    const bool shape_ok = out.sizes() == q.sizes() && lse.sizes() == at::IntArrayRef({b, h, sq}) &&
+                          lse.scalar_type() == at::kFloat && out.scalar_type() == q.scalar_type();
+    const bool ok = shape_ok && inf_match && out_err < tol && lse_err < tol && conv_err == 0.0;
+    std::printf("%-4s %-28s b=%lld sq=%lld sk=%lld h=%lld hk=%lld d=%lld causal=%d: "
+                "max|out-ref|=%.3g max|lse-ref|=%.3g wrapper=%.3g (tol %.0e) %s\n",
+                ok ? "PASS" : "FAIL", name, (long long)b, (long long)sq, (long long)sk,
+                (long long)h, (long long)hk, (long long)d, int(causal), out_err, lse_err,
+                conv_err, tol, ok ? "" : (shape_ok ? (inf_match ? "" : "(lse inf mismatch)")
+                                                   : "(bad shape/dtype)"));
+    return ok;
+}
+
+}  // namespace
+
+int main() {
+    try {
+        at::manual_seed(0);
+        bool ok = true;
+        const auto cpu = at::TensorOptions().dtype(at::kFloat);
+        ok &= check_case("cpu fp32", cpu, 2, 37, 53, 4, 4, 40, false, 1e-4);
+        ok &= check_case("cpu fp32 causal GQA", cpu, 2, 53, 37, 4, 2, 64, true, 1e-4);
+        if (torch::cuda::is_available()) {
+            for (auto dtype : {at::kHalf, at::kBFloat16}) {
+                const auto gpu = at::TensorOptions().dtype(dtype).device(at::kCUDA);
+                const double tol = dtype == at::kHalf ? 1e-2 : 3e-2;
+                const char* name = dtype == at::kHalf ? "cuda fp16" : "cuda bf16";
+                ok &= check_case(name, gpu, 2, 128, 200, 8, 2, 64, false, tol);
+                ok &= check_case(name, gpu, 2, 200, 128, 8, 8, 128, true, tol);
+            }
+        } else {
+            std::printf("(no CUDA device: CPU cases only)\n");
+        }
+        std::printf("%s\n", ok ? "forward_check: OK" : "forward_check: FAILED");
+        return ok ? 0 : 1;
+    } catch (const std::exception& e) {
+        std::printf("forward_check: exception: %s\n", e.what());
+        return 2;
+    }
+}
