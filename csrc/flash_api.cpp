@@ -342,8 +342,8 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
                                                cache_leftpad, block_table, num_splits);
     check_scalar_args(0.0, softmax_scale, window_size_left, window_size_right, softcap);
     check_alibi(alibi_slopes, q, dims);
-    // Windows are normalized per sequence (its key count) by the reference.
-    const MaskArgs mask{causal, window_size_left, causal ? 0 : window_size_right};
+    // As flash_attn: normalized with the cache capacity (dims.seqlen_k), applied per sequence.
+    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, dims.seqlen_k);
     c10::cuda::CUDAGuard guard(q.device());
     // No KV-cache kernel yet (issue: inference): the exact reference.
     return reference::kvcache(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin,
