@@ -5,11 +5,14 @@
 // in without changing them. Layouts: (batch, seqlen, heads, head_dim); varlen (total, heads,
 // head_dim); lse fp32 (batch, heads, seqlen_q) or (heads, total_q) for varlen; rng_state int64 (2)
 // = (philox seed, philox offset) on the device of q.
+#ifndef FLASH_CUDA_NO_PYTHON  // CMakeLists.txt builds a plain C++ library without the stub
 #include <Python.h>
+#endif
 #include <torch/library.h>
 
 #include "flash_api.h"
 
+#ifndef FLASH_CUDA_NO_PYTHON
 extern "C" {
 // The module object is empty: the ops register themselves with the dispatcher when the shared
 // library loads. Limited API, so one build serves every CPython >= 3.10.
@@ -18,6 +21,7 @@ PyObject* PyInit__C(void) {
     return PyModule_Create(&module_def);
 }
 }
+#endif  // FLASH_CUDA_NO_PYTHON
 
 TORCH_LIBRARY(flash_cuda, m) {
     m.def(
