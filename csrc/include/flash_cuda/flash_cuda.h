@@ -40,12 +40,12 @@ namespace detail {
 // The C++ signatures of the registered kernels (csrc/flash_api.h); typed<>() checks them.
 using FwdSig = FwdOutputs(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const OptionalTensor&, double, double, bool, int64_t, int64_t, double,
-                          bool, const OptionalTensor&);
+                          bool, const OptionalTensor&, bool);
 using VarlenFwdSig = FwdOutputs(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, const OptionalTensor&,
                                 const OptionalTensor&, const OptionalTensor&, int64_t, int64_t,
                                 double, double, bool, int64_t, int64_t, double, bool,
-                                const OptionalTensor&);
+                                const OptionalTensor&, bool);
 using BwdSig = BwdOutputs(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const OptionalTensor&, double, double, bool, int64_t, int64_t, double,
@@ -78,17 +78,18 @@ inline double scale_or_default(std::optional<double> softmax_scale, const at::Te
 // Fixed-length forward. q (b, sq, h, d), k/v (b, sk, hk, d); alibi_slopes fp32 (h) or (b, h).
 // Returns (out (b, sq, h, d), softmax_lse fp32 (b, h, sq), S_dmask, rng_state). With
 // dropout_p > 0, rng_state = (seed, offset) replays a given mask; nullopt draws from the default
-// generator of q's device.
+// generator of q's device. `deterministic` is recorded for the backward (autograd).
 inline FwdOutputs fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const OptionalTensor& alibi_slopes = std::nullopt, double dropout_p = 0.0,
                       std::optional<double> softmax_scale = std::nullopt, bool causal = false,
                       int64_t window_size_left = -1, int64_t window_size_right = -1,
                       double softcap = 0.0, bool return_softmax = false,
-                      const OptionalTensor& rng_state = std::nullopt) {
+                      const OptionalTensor& rng_state = std::nullopt,
+                      bool deterministic = false) {
     static const auto handle = detail::op<detail::FwdSig>("flash_cuda::fwd");
     return handle.call(q, k, v, alibi_slopes, dropout_p,
                        detail::scale_or_default(softmax_scale, q), causal, window_size_left,
-                       window_size_right, softcap, return_softmax, rng_state);
+                       window_size_right, softcap, return_softmax, rng_state, deterministic);
 }
 
 // Variable-length forward over packed sequences. q (total_q, h, d), k/v (total_k, hk, d) or, with
@@ -104,12 +105,13 @@ inline FwdOutputs varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at:
                              bool causal = false, int64_t window_size_left = -1,
                              int64_t window_size_right = -1, double softcap = 0.0,
                              bool return_softmax = false,
-                             const OptionalTensor& rng_state = std::nullopt) {
+                             const OptionalTensor& rng_state = std::nullopt,
+                             bool deterministic = false) {
     static const auto handle = detail::op<detail::VarlenFwdSig>("flash_cuda::varlen_fwd");
     return handle.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                        max_seqlen_q, max_seqlen_k, dropout_p,
                        detail::scale_or_default(softmax_scale, q), causal, window_size_left,
-                       window_size_right, softcap, return_softmax, rng_state);
+                       window_size_right, softcap, return_softmax, rng_state, deterministic);
 }
 
 // Fixed-length backward: dout/out like q, softmax_lse and rng_state as returned by fwd (pass the
