@@ -162,8 +162,10 @@ def reps_for(args, mode) -> int:
 def parse_args(argv=None, default_out="bench/results"):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="d128 s4096 causal/full, one GQA and one decode case, 2 memory points")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="d128 s4096 causal/full, one GQA and one decode case, 2 memory points")
+    size.add_argument("--full", action="store_true", help="the whole grid (the default)")
     p.add_argument("--modes", type=csv_strs, default=["fwd", "fwdbwd", "decode", "memory"],
                    help="comma list of fwd, fwdbwd, decode, memory (default: all)")
     p.add_argument("--heads-dims", type=csv_ints, default=None, help="e.g. 64,128,256")

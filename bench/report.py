@@ -170,26 +170,33 @@ def render_decode(t: Table, section: str, compact: bool) -> list[str]:
         impls = [i for i in impls if i in ("flash_cuda", "cudnn", "fa2")]
     header = ["case"]
     for i in impls:
-        header += [f"{label(i)} TB/s"] if compact else [f"{label(i)} ms", f"{label(i)} TB/s"]
+        header += ([f"{label(i)} TB/s"] if compact else
+                   [f"{label(i)} ms", f"{label(i)} TB/s", f"{label(i)} eager TB/s"])
     if "flash_cuda" in impls:
         header += ["fc/cuDNN", "fc/FA2"]
-    body = []
+    body, eager_only = [], False
     for cid in cases:
         line = [cid]
         for i in impls:
             r = t.get(section, cid, "decode", i)
+            mark = ""
+            if value(r, "timing") == "eager" and "CUDA graph" in (r.get("note") or ""):
+                mark, eager_only = "*", True
             if not compact:
                 line.append(cell(r, "ms_best", "{:.3f}"))
-            line.append(cell(r, "tbps_best", "{:.2f}"))
+            line.append(cell(r, "tbps_best", "{:.2f}") + mark)
+            if not compact:
+                line.append(cell(r, "tbps", "{:.2f}"))
         if "flash_cuda" in impls:
             fc = best_decode(t.get(section, cid, "decode", "flash_cuda"))
             line.append(ratio(fc, best_decode(t.get(section, cid, "decode", "cudnn"))))
             line.append(ratio(fc, best_decode(t.get(section, cid, "decode", "fa2"))))
         body.append(line)
-    title = {"decode": "Decode (one query token), TB/s of K+V read",
+    title = {"decode": "Decode, TB/s of K+V read",
              "decode_grid": "Decode grid (issue 5), TB/s of K+V read"}[section]
-    how = ("times: CUDA-graph replay where the capture worked, else eager; L2 flushed before "
-           "each call unless --no-flush; ratios from TB/s")
+    how = ("One query token unless the case says qN. TB/s and ms from CUDA-graph replay (eager: "
+           "launched one by one); L2 flushed before each call unless --no-flush; ratios from "
+           "the graph figures." + (" * graph capture failed, eager figure." if eager_only else ""))
     return [f"### {title}", "", how, ""] + md_table(header, body) + [""]
 
 
