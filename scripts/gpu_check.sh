@@ -36,9 +36,10 @@ want() {
 }
 
 echo "== machine"
-nvidia-smi --format=csv,noheader --query-gpu=name,driver_version,memory.used,memory.total,\
-clocks.sm,clocks.max.sm,temperature.gpu,power.draw 2>&1 | head -2
-python3 -c "import sys, torch; from torch.backends import cudnn
+timeout 20 nvidia-smi --format=csv,noheader --query-gpu=name,driver_version,memory.used,\
+memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw 2>&1 | head -2
+timeout 60 python3 -c "import sys, torch
+from torch.backends import cudnn
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'cudnn', cudnn.version())"
 
 # (a) build in place, with the ptxas resource report
@@ -48,7 +49,7 @@ if want "${SKIP_BUILD:-0}" build "${BUILD_TIMEOUT:-480}"; then
     MAX_JOBS=16 FLASH_CUDA_ARCHS="${FLASH_CUDA_ARCHS:-90a}" FLASH_CUDA_PTXAS_VERBOSE=1 \
         timeout "$t" python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
     rc=$?
-    ptxas=$(python3 scripts/ptxas_summary.py "$OUT/build.log")
+    ptxas=$(timeout 60 python3 scripts/ptxas_summary.py "$OUT/build.log")
     if [ $rc -eq 0 ]; then
         SUMMARY+=("build: ok in $(( SECONDS - start )) s; $ptxas")
     else
@@ -97,7 +98,7 @@ if want "${SKIP_BENCH:-0}" bench "${BENCH_TIMEOUT:-540}"; then
         SUMMARY+=("$(grep -E '^(bench|ceilings):' "$OUT/bench.log")")
     fi
     if [ -f "$OUT/bench.json" ] && [ ! -f "$OUT/bench.md" ]; then
-        python3 bench/report.py "$OUT/bench.json" > "$OUT/bench.md" 2>&1
+        timeout 60 python3 bench/report.py "$OUT/bench.json" > "$OUT/bench.md" 2>&1
     fi
 fi
 
@@ -105,9 +106,9 @@ fi
 echo
 echo "================================ summary ================================"
 printf '%s\n' "${SUMMARY[@]}"
-if [ -f "$OUT/bench.json" ]; then
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$OUT/bench.json" ]; then
     echo
-    python3 bench/report.py "$OUT/bench.json" --compact
+    timeout 60 python3 bench/report.py "$OUT/bench.json" --compact
 fi
 echo "gpu_check: exit $status (full logs and tables in \$OUT: $(cd "$OUT" && ls | tr '\n' ' '))"
 exit $status
