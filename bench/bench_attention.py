@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Time flash_cuda beside torch SDPA's backends, in one process, on the ANCHORS.md grid.
 
-    python3 bench/bench_attention.py --quick               # a few cells, < 2 min on the H200
-    python3 bench/bench_attention.py                       # the whole grid (< 8 min)
+    python3 bench/bench_attention.py --quick               # a few cells (meant for < 2 min)
+    python3 bench/bench_attention.py                       # the whole grid (meant for < 8 min)
     python3 bench/bench_attention.py --modes decode --decode-grid     # issue 5's decode grid
     python3 bench/bench_attention.py --dry-run [...]       # print the plan; needs no GPU
-    python3 bench/report.py bench/results/bench.json [--compact]      # tables from a results file
+    python3 bench/bench_report.py bench/results/bench.json [--compact]  # tables from a results file
 
 Peers (torch.nn.attention.sdpa_kernel with one backend forced): cudnn = CUDNN_ATTENTION,
 fa2 = FLASH_ATTENTION (FlashAttention-2 in PyTorch), efficient = EFFICIENT_ATTENTION
@@ -18,7 +18,8 @@ head dims 64/128/256, seqlen 512..16384, causal no/yes. FLOPs forward = 4*b*h*sq
 when causal; fwd+bwd = 3.5 x forward. Decode figure: K+V bytes read once (2*b*hkv*kv_len*d*2)
 over the time. Timing: CUDA events per call after warm-up, median (20 fwd, 10 fwd+bwd by
 default); random normal inputs, allocated once per cell. A measurement that would take more
-than --measure-budget seconds gets fewer repeats (at least 3; the row says so).
+than --measure-budget seconds gets fewer repeats, and an implementation whose rate on an earlier
+cell predicts more than --max-call-s a call is skipped (the row says so in both cases).
 
 Every measurement becomes one row of <out>/bench.json, written after each row, so a run cut
 short by a timeout still leaves its numbers. Errors are recorded in the row, never raised. If an
@@ -43,15 +44,15 @@ import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-for _p in (str(ROOT), str(HERE)):  # this tree's flash_cuda (built in place), and report.py
+for _p in (str(ROOT), str(HERE)):  # this tree's flash_cuda (built in place), and bench_report.py
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import report  # noqa: E402
-from plan import (DECODE_GRID_MAX_GB, build_plan, estimate_seconds, kv_bytes,  # noqa: E402
+import bench_report as report  # noqa: E402
+from bench_plan import (DECODE_GRID_MAX_GB, build_plan, estimate_seconds, kv_bytes,  # noqa: E402
                   parse_args, prefill_flops, reps_for)
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
@@ -681,7 +682,7 @@ class Bench:
         self.save()
         try:
             md = report.render(self.results)
-        except Exception as e:  # noqa: BLE001 - the JSON is saved; report.py can retry
+        except Exception as e:  # noqa: BLE001 - the JSON is saved; bench_report.py can retry
             print(f"bench: rendering the tables failed: {short(e)}", file=sys.stderr)
             raise
         (self.out_dir / "bench.md").write_text(md)

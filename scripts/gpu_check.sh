@@ -98,7 +98,7 @@ if want "${SKIP_BENCH:-0}" bench "${BENCH_TIMEOUT:-540}"; then
         SUMMARY+=("$(grep -E '^(bench|ceilings):' "$OUT/bench.log")")
     fi
     if [ -f "$OUT/bench.json" ] && [ ! -f "$OUT/bench.md" ]; then
-        timeout 60 python3 bench/report.py "$OUT/bench.json" > "$OUT/bench.md" 2>&1
+        timeout 60 python3 bench/bench_report.py "$OUT/bench.json" > "$OUT/bench.md" 2>&1
     fi
 fi
 
@@ -108,7 +108,7 @@ echo "================================ summary ================================"
 printf '%s\n' "${SUMMARY[@]}"
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$OUT/bench.json" ]; then
     echo
-    timeout 60 python3 bench/report.py "$OUT/bench.json" --compact
+    timeout 60 python3 bench/bench_report.py "$OUT/bench.json" --compact
 fi
 echo "gpu_check: exit $status (full logs and tables in \$OUT: $(cd "$OUT" && ls | tr '\n' ' '))"
 exit $status

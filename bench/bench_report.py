@@ -1,6 +1,6 @@
 """Markdown tables from a bench_attention.py results file (pure Python: no torch needed).
 
-    python3 bench/report.py bench/results/bench.json [--compact]
+    python3 bench/bench_report.py bench/results/bench.json [--compact]
 
 The results file holds `meta`, `ceilings` and `rows`; one row is one measurement:
   section  grid | gqa | decode | decode_grid | memory
