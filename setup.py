@@ -8,6 +8,7 @@ Environment:
   FLASH_CUDA_PTXAS_VERBOSE=1   print the register/shared-memory/spill report of every kernel.
   MAX_JOBS             parallel compile jobs (ninja).
   CUDA_HOME            the CUDA toolkit (on a machine without a GPU: /usr/local/cuda).
+The rules that read them live in csrc/build_config.py (shared with tests/test_build.py).
 """
 
 from __future__ import annotations
@@ -20,60 +21,9 @@ from setuptools import find_packages, setup
 
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "csrc"))
-import generate_kernels  # noqa: E402
+from build_config import cuda_archs, gencode_flags, head_dims, sources  # noqa: E402
 
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
-
-
-def cuda_archs() -> list[str]:
-    env = os.environ.get("FLASH_CUDA_ARCHS")
-    if env:
-        return [a.strip() for a in env.replace(",", ";").split(";") if a.strip()]
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            arch = f"{major}{minor}"
-            return [arch + "a" if arch == "90" else arch]
-    except Exception:  # noqa: BLE001 - no driver on a build machine is normal
-        pass
-    return ["80", "90a"]
-
-
-def head_dims() -> list[int]:
-    env = os.environ.get("FLASH_CUDA_HEADDIMS", "").strip()
-    if not env:
-        return list(generate_kernels.HEAD_DIMS)
-    if env == "none":
-        return []
-    dims = [int(x) for x in env.split(",") if x.strip()]
-    unknown = sorted(set(dims) - set(generate_kernels.HEAD_DIMS))
-    if unknown:
-        raise SystemExit(
-            f"FLASH_CUDA_HEADDIMS: no kernels for head dims {unknown}; "
-            f"choose from {generate_kernels.HEAD_DIMS}"
-        )
-    return dims
-
-
-def gencode_flags(archs: list[str]) -> list[str]:
-    flags = []
-    for arch in archs:
-        flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
-    return flags
-
-
-def sources(dims: list[int]) -> list[str]:
-    csrc = ROOT / "csrc"
-    srcs = [csrc / "torch_bindings.cpp", csrc / "flash_api.cpp", csrc / "checks.cpp", csrc / "rng.cpp"]
-    srcs += sorted((csrc / "reference").glob("*.cpp"))
-    srcs += sorted((csrc / "kernels").glob("*.cu"))
-    srcs += [
-        p for p in sorted((csrc / "instantiations").glob("*.cu"))
-        if generate_kernels.head_dim_of(p.name) in dims
-    ]
-    return [str(p.relative_to(ROOT)) for p in srcs]
 
 
 def extensions():

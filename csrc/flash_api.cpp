@@ -70,6 +70,13 @@ at::Tensor pad_head_dim(const at::Tensor& t) {
     return at::constant_pad_nd(t, {0, 8 - d % 8}, 0);
 }
 
+// Drops the padding columns again. The copy keeps the output contiguous, as the fake (meta)
+// implementation and the CPU op promise (torch.compile checks output strides).
+at::Tensor unpad_head_dim(const at::Tensor& out, int64_t head_dim) {
+    if (out.size(-1) == head_dim) return out;
+    return out.narrow(-1, 0, head_dim).contiguous();
+}
+
 template <typename Fn>
 void dispatch_dtype(at::ScalarType dtype, Fn&& fn) {
     if (dtype == at::kBFloat16) {
@@ -210,7 +217,8 @@ at::Tensor empty_rng_state(const at::Tensor& q, const PhiloxSeed& seed) {
 FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                        const OptTensor& alibi_slopes, double dropout_p, double softmax_scale,
                        bool causal, int64_t window_size_left, int64_t window_size_right,
-                       double softcap, bool return_softmax, const OptTensor& rng_state) {
+                       double softcap, bool return_softmax, const OptTensor& rng_state,
+                       bool /*deterministic: used by the backward*/) {
     const AttnDims dims = check_fwd_inputs(q, k, v);
     check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
     check_alibi(alibi_slopes, q, dims);
@@ -238,7 +246,7 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
             run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
         });
     }
-    if (out.size(-1) != dims.head_dim) out = out.narrow(-1, 0, dims.head_dim);
+    out = unpad_head_dim(out, dims.head_dim);
     return {out, lse, at::empty({0}, q.options()), empty_rng_state(q, seed)};
 }
 
@@ -248,7 +256,8 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                               const OptTensor& alibi_slopes, int64_t max_seqlen_q,
                               int64_t max_seqlen_k, double dropout_p, double softmax_scale,
                               bool causal, int64_t window_size_left, int64_t window_size_right,
-                              double softcap, bool return_softmax, const OptTensor& rng_state) {
+                              double softcap, bool return_softmax, const OptTensor& rng_state,
+                       bool /*deterministic: used by the backward*/) {
     const AttnDims dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                               block_table, max_seqlen_q, max_seqlen_k);
     check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
@@ -285,7 +294,7 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
             run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
         });
     }
-    if (out.size(-1) != dims.head_dim) out = out.narrow(-1, 0, dims.head_dim);
+    out = unpad_head_dim(out, dims.head_dim);
     return {out, lse, at::empty({0}, q.options()), empty_rng_state(q, seed)};
 }
 
@@ -342,8 +351,8 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
                                                cache_leftpad, block_table, num_splits);
     check_scalar_args(0.0, softmax_scale, window_size_left, window_size_right, softcap);
     check_alibi(alibi_slopes, q, dims);
-    // Windows are normalized per sequence (its key count) by the reference.
-    const MaskArgs mask{causal, window_size_left, causal ? 0 : window_size_right};
+    // As flash_attn: normalized with the cache capacity (dims.seqlen_k), applied per sequence.
+    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, dims.seqlen_k);
     c10::cuda::CUDAGuard guard(q.device());
     // No KV-cache kernel yet (issue: inference): the exact reference.
     return reference::kvcache(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin,

@@ -21,14 +21,14 @@ using BwdResult = std::tuple<Tensor, Tensor, Tensor>;          // dq, dk, dv
                                const OptTensor& alibi_slopes, double dropout_p,                   \
                                double softmax_scale, bool causal, int64_t window_size_left,       \
                                int64_t window_size_right, double softcap, bool return_softmax,    \
-                               const OptTensor& rng_state);                                       \
+                               const OptTensor& rng_state, bool deterministic);                   \
     FwdResult mha_varlen_fwd_##SUFFIX(                                                            \
         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,            \
         const Tensor& cu_seqlens_k, const OptTensor& seqused_k, const OptTensor& block_table,     \
         const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,                \
         double dropout_p, double softmax_scale, bool causal, int64_t window_size_left,            \
         int64_t window_size_right, double softcap, bool return_softmax,                           \
-        const OptTensor& rng_state);                                                              \
+        const OptTensor& rng_state, bool deterministic);                                          \
     BwdResult mha_bwd_##SUFFIX(const Tensor& dout, const Tensor& q, const Tensor& k,              \
                                const Tensor& v, const Tensor& out, const Tensor& softmax_lse,     \
                                const OptTensor& alibi_slopes, double dropout_p,                   \

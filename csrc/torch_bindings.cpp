@@ -5,11 +5,14 @@
 // in without changing them. Layouts: (batch, seqlen, heads, head_dim); varlen (total, heads,
 // head_dim); lse fp32 (batch, heads, seqlen_q) or (heads, total_q) for varlen; rng_state int64 (2)
 // = (philox seed, philox offset) on the device of q.
+#ifndef FLASH_CUDA_NO_PYTHON  // CMakeLists.txt builds a plain C++ library without the stub
 #include <Python.h>
+#endif
 #include <torch/library.h>
 
 #include "flash_api.h"
 
+#ifndef FLASH_CUDA_NO_PYTHON
 extern "C" {
 // The module object is empty: the ops register themselves with the dispatcher when the shared
 // library loads. Limited API, so one build serves every CPython >= 3.10.
@@ -18,19 +21,20 @@ PyObject* PyInit__C(void) {
     return PyModule_Create(&module_def);
 }
 }
+#endif  // FLASH_CUDA_NO_PYTHON
 
 TORCH_LIBRARY(flash_cuda, m) {
     m.def(
         "fwd(Tensor q, Tensor k, Tensor v, Tensor? alibi_slopes, float dropout_p, "
         "float softmax_scale, bool causal, int window_size_left, int window_size_right, "
-        "float softcap, bool return_softmax, Tensor? rng_state=None) "
+        "float softcap, bool return_softmax, Tensor? rng_state=None, bool deterministic=False) "
         "-> (Tensor out, Tensor softmax_lse, Tensor S_dmask, Tensor rng_state)");
     m.def(
         "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "Tensor? seqused_k, Tensor? block_table, Tensor? alibi_slopes, int max_seqlen_q, "
         "int max_seqlen_k, float dropout_p, float softmax_scale, bool causal, "
         "int window_size_left, int window_size_right, float softcap, bool return_softmax, "
-        "Tensor? rng_state=None) "
+        "Tensor? rng_state=None, bool deterministic=False) "
         "-> (Tensor out, Tensor softmax_lse, Tensor S_dmask, Tensor rng_state)");
     m.def(
         "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "

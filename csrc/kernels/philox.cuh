@@ -42,7 +42,9 @@ FLASH_HOST_DEVICE Philox4 philox4x32_10(Philox4 counter, uint64_t seed) {
     constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
     uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
     Philox4 c = counter;
+#if defined(__CUDACC__)  // host compilers (the CPU reference) warn on the unknown pragma
 #pragma unroll
+#endif
     for (int round = 0; round < 10; ++round) {
         uint32_t hi0, lo0, hi1, lo1;
         philox_mulhilo(kMul0, c.x, hi0, lo0);

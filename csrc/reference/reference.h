@@ -4,7 +4,10 @@
 // hand-written kernel covers a case yet. It is also the oracle every kernel is tested against.
 //
 // All functions take inputs already validated by checks.h, compute in fp32 (fp64 for fp64
-// inputs) and return results in the input dtype (lse fp32, or fp64 for fp64 inputs).
+// inputs) and return results in the input dtype; lse is always fp32 (the ops' contract). For fp64
+// inputs bwd recomputes lse in fp64 from q and k (an fp32 lse would limit the gradients to ~1e-7).
+// Implementation: blockwise.h/.cpp (the tiled online-softmax core), attention.cpp (fwd, bwd,
+// varlen), kvcache.cpp, combine.cpp, dropout.cpp (the philox.cuh keep-mask of a tile).
 // Semantics (DESIGN.md section 4, flash_attn 2.x): bottom-right aligned causal/window masks,
 // softcap before masking, ALiBi bias -slope * |i + sk - sq - j|, rows with no visible key give
 // out = 0 and lse = +inf, dropout mask of philox.cuh scaled by 1 / (1 - p).

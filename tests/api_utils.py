@@ -1,0 +1,34 @@
+"""Shared helpers of the Python-layer tests (test_api, test_bad_inputs, test_compile, ...)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+import flash_cuda  # noqa: F401  (registers the ops, their fakes and autograd)
+
+
+@contextlib.contextmanager
+def fake_mode():
+    """Fake tensors: shapes/dtypes/devices only, CUDA works without a GPU (the ops' fakes run)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        yield
+
+
+def rand(*shape, dtype=torch.float32, device="cpu", requires_grad=False):
+    t = torch.randn(*shape, dtype=dtype, device=device)
+    return t.requires_grad_(requires_grad)
+
+
+def cu_seqlens(lengths, device="cpu"):
+    """int32 (b + 1) cumulative lengths."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=device)
+    out[1:] = torch.tensor(lengths, dtype=torch.int32, device=device).cumsum(0)
+    return out
+
+
+def round128(n: int) -> int:
+    return (n + 127) // 128 * 128

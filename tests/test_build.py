@@ -1,0 +1,111 @@
+"""Build configuration: the generated instantiations are up to date, and the source selection of
+setup.py (csrc/build_config.py) follows FLASH_CUDA_HEADDIMS / FLASH_CUDA_ARCHS."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CSRC = ROOT / "csrc"
+sys.path.insert(0, str(CSRC))
+
+import build_config  # noqa: E402
+import generate_kernels  # noqa: E402
+
+INSTANTIATIONS = CSRC / "instantiations"
+
+
+def test_instantiations_match_generator(tmp_path):
+    """csrc/instantiations/ is exactly what `python csrc/generate_kernels.py` writes."""
+    out = tmp_path / "instantiations"
+    subprocess.run(
+        [sys.executable, str(CSRC / "generate_kernels.py"), "--out", str(out)],
+        check=True, capture_output=True, text=True,
+    )
+    generated = {p.name: p.read_text() for p in out.iterdir()}
+    committed = {p.name: p.read_text() for p in INSTANTIATIONS.iterdir() if p.is_file()}
+    missing = sorted(set(generated) - set(committed))
+    stale = sorted(set(committed) - set(generated))
+    differ = sorted(n for n in set(generated) & set(committed) if generated[n] != committed[n])
+    assert not (missing or stale or differ), (
+        f"csrc/instantiations is out of date (run `python csrc/generate_kernels.py`): "
+        f"missing {missing}, stale {stale}, differing {differ}"
+    )
+
+
+def test_every_instantiation_names_a_known_head_dim():
+    for inst in generate_kernels.all_instantiations():
+        assert generate_kernels.head_dim_of(inst.filename) == inst.head_dim
+        assert inst.head_dim in generate_kernels.HEAD_DIMS
+
+
+def _instantiation_dims(srcs: list[str]) -> set[int]:
+    return {
+        generate_kernels.head_dim_of(pathlib.Path(s).name)
+        for s in srcs if s.startswith("csrc/instantiations/")
+    }
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ("", set(generate_kernels.HEAD_DIMS)),
+        ("none", set()),
+        ("64", {64}),
+        ("64,128", {64, 128}),
+        (" 128 , 64 ,", {64, 128}),
+    ],
+)
+def test_headdims_select_sources(monkeypatch, env, expected):
+    monkeypatch.setenv("FLASH_CUDA_HEADDIMS", env)
+    dims = build_config.head_dims()
+    assert set(dims) == expected
+    srcs = build_config.sources(dims)
+    assert _instantiation_dims(srcs) == expected
+    # Every instantiation of a selected dim is built, nothing else.
+    want = sorted(
+        f"csrc/instantiations/{p.name}" for p in INSTANTIATIONS.glob("*.cu")
+        if generate_kernels.head_dim_of(p.name) in expected
+    )
+    assert sorted(s for s in srcs if s.startswith("csrc/instantiations/")) == want
+    # The non-kernel sources are always there, and every listed file exists.
+    for always in ("csrc/torch_bindings.cpp", "csrc/flash_api.cpp", "csrc/checks.cpp",
+                   "csrc/rng.cpp", "csrc/kernels/combine.cu"):
+        assert always in srcs
+    assert all((ROOT / s).is_file() for s in srcs)
+    assert len(srcs) == len(set(srcs))
+
+
+def test_headdims_unset_means_all(monkeypatch):
+    monkeypatch.delenv("FLASH_CUDA_HEADDIMS", raising=False)
+    assert build_config.head_dims() == list(generate_kernels.HEAD_DIMS)
+
+
+def test_unknown_headdim_is_rejected(monkeypatch):
+    monkeypatch.setenv("FLASH_CUDA_HEADDIMS", "64,100")
+    with pytest.raises(SystemExit, match="100"):
+        build_config.head_dims()
+
+
+@pytest.mark.parametrize(
+    "env, archs",
+    [("80", ["80"]), ("80;90a", ["80", "90a"]), ("80,90a", ["80", "90a"]), (" 90a ;", ["90a"])],
+)
+def test_archs_from_env(monkeypatch, env, archs):
+    monkeypatch.setenv("FLASH_CUDA_ARCHS", env)
+    assert build_config.cuda_archs() == archs
+    assert build_config.gencode_flags(archs) == [
+        f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs
+    ]
+
+
+def test_setup_py_uses_build_config():
+    """setup.py takes its source list and flags from build_config (no second copy to drift)."""
+    text = (ROOT / "setup.py").read_text()
+    assert "from build_config import" in text
+    for helper in ("cuda_archs", "head_dims", "gencode_flags", "sources"):
+        assert f"def {helper}(" not in text
