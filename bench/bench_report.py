@@ -1,0 +1,309 @@
+"""Markdown tables from a bench_attention.py results file (pure Python: no torch needed).
+
+    python3 bench/bench_report.py bench/results/bench.json [--compact]
+
+The results file holds `meta`, `ceilings` and `rows`; one row is one measurement:
+  section  grid | gqa | decode | decode_grid | memory
+  case_id  the cell, e.g. "d128 s4096 b4 h16/16 causal"; `case` holds its numbers
+  mode     fwd | fwdbwd | decode
+  impl     flash_cuda | flash_cuda_det | flash_cuda_p<page> | cudnn | fa2 | efficient | math
+  status   ok | error | oom | skip | unavailable   (`note` says why)
+  figures  ms, tflops (prefill), tbps / tbps_graph (decode), extra_bytes (memory), check
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+LABELS = {
+    "flash_cuda": "flash_cuda",
+    "flash_cuda_det": "flash_cuda det",
+    "cudnn": "cuDNN",
+    "fa2": "FA2",
+    "efficient": "xformers",
+    "math": "standard",
+}
+IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "cudnn", "fa2", "efficient", "math"]
+STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
+
+
+def label(impl: str) -> str:
+    if impl.startswith("flash_cuda_p"):
+        return f"flash_cuda paged {impl[len('flash_cuda_p'):]}"
+    return LABELS.get(impl, impl)
+
+
+def impl_rank(impl: str) -> tuple:
+    return (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 1, impl)
+
+
+class Table:
+    """Rows indexed by (section, case_id, mode, impl), cases kept in the order they ran."""
+
+    def __init__(self, results: dict):
+        self.results = results
+        self.rows = results.get("rows", [])
+        self.index = {(r["section"], r["case_id"], r["mode"], r["impl"]): r for r in self.rows}
+
+    def cases(self, section: str) -> list[str]:
+        seen = []
+        for r in self.rows:
+            if r["section"] == section and r["case_id"] not in seen:
+                seen.append(r["case_id"])
+        return seen
+
+    def impls(self, section: str, mode: str | None = None) -> list[str]:
+        found = {r["impl"] for r in self.rows
+                 if r["section"] == section and (mode is None or r["mode"] == mode)}
+        return sorted(found, key=impl_rank)
+
+    def get(self, section, case_id, mode, impl):
+        return self.index.get((section, case_id, mode, impl))
+
+    def case(self, section, case_id) -> dict:
+        for r in self.rows:
+            if r["section"] == section and r["case_id"] == case_id:
+                return r["case"]
+        return {}
+
+
+def value(row, key: str):
+    if row is None or row.get("status") != "ok":
+        return None
+    return row.get(key)
+
+
+def cell(row, key: str, fmt: str = "{:.0f}") -> str:
+    if row is None:
+        return ""
+    if row.get("status") != "ok":
+        return STATUS_MARK.get(row.get("status"), "?")
+    v = row.get(key)
+    return "?" if v is None else fmt.format(v)
+
+
+def ratio(a, b) -> str:
+    if a is None or b is None or b == 0:
+        return ""
+    return f"{a / b:.2f}"
+
+
+def fmt_err(x) -> str:
+    return "" if x is None else f"{x:.1e}"
+
+
+def md_table(header: list[str], body: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(row) + " |" for row in body]
+    return out
+
+
+def prefill_label(case: dict) -> list[str]:
+    return [str(case.get("d")), "yes" if case.get("causal") else "no",
+            f"{case.get('sq')} ({case.get('b')})"]
+
+
+def render_prefill(t: Table, section: str, compact: bool) -> list[str]:
+    cases = t.cases(section)
+    if not cases:
+        return []
+    modes = [m for m in ("fwd", "fwdbwd") if t.impls(section, m)]
+    name = {"fwd": "fwd", "fwdbwd": "fwd+bwd"}
+    header = ["head dim", "causal", "seqlen (batch)"] if section == "grid" else ["case"]
+    shown = {}
+    for m in modes:
+        impls = t.impls(section, m)
+        if compact:
+            impls = [i for i in impls if i in ("flash_cuda", "cudnn", "fa2")]
+        shown[m] = impls
+        header += [f"{name[m]}: {label(i)}" for i in impls]
+        if "flash_cuda" in impls:
+            header += [f"{name[m]}: fc/cuDNN", f"{name[m]}: fc/FA2"]
+    if not compact and section == "grid":
+        header += ["fwd max err: fc / FA2 (vs cuDNN)"]
+    body = []
+    for cid in cases:
+        case = t.case(section, cid)
+        line = prefill_label(case) if section == "grid" else [cid]
+        for m in modes:
+            for i in shown[m]:
+                line.append(cell(t.get(section, cid, m, i), "tflops"))
+            if "flash_cuda" in shown[m]:
+                fc = value(t.get(section, cid, m, "flash_cuda"), "tflops")
+                line.append(ratio(fc, value(t.get(section, cid, m, "cudnn"), "tflops")))
+                line.append(ratio(fc, value(t.get(section, cid, m, "fa2"), "tflops")))
+        if not compact and section == "grid":
+            fc = t.get(section, cid, "fwd", "flash_cuda") or {}
+            fa = t.get(section, cid, "fwd", "fa2") or {}
+            e1, e2 = (fc.get("check") or {}).get("max_abs"), (fa.get("check") or {}).get("max_abs")
+            line.append("" if e1 is None and e2 is None else f"{fmt_err(e1)} / {fmt_err(e2)}")
+        body.append(line)
+    meta = t.results.get("meta", {})
+    title = {"grid": f"Prefill grid, {meta.get('dtype', '?')}, TFLOP/s (batch x seqlen = "
+                     f"{meta.get('tokens', '?')} tokens, hidden {meta.get('hidden', '?')})",
+             "gqa": "GQA prefill, TFLOP/s"}[section]
+    return [f"### {title}", ""] + md_table(header, body) + [""]
+
+
+def render_gqa_times(t: Table) -> list[str]:
+    cases = t.cases("gqa")
+    if not cases:
+        return []
+    header = ["case", "impl", "fwd ms", "fwd TF/s", "fwd+bwd ms", "fwd+bwd TF/s", "note"]
+    body = []
+    for cid in cases:
+        for i in t.impls("gqa"):
+            f, fb = t.get("gqa", cid, "fwd", i), t.get("gqa", cid, "fwdbwd", i)
+            notes = "; ".join(sorted({r["note"] for r in (f, fb) if r and r.get("note")}))
+            body.append([cid, label(i), cell(f, "ms", "{:.3f}"), cell(f, "tflops"),
+                         cell(fb, "ms", "{:.3f}"), cell(fb, "tflops"), notes[:80]])
+    return ["### GQA prefill, times", ""] + md_table(header, body) + [""]
+
+
+def render_decode(t: Table, section: str, compact: bool) -> list[str]:
+    cases = t.cases(section)
+    if not cases:
+        return []
+    impls = t.impls(section)
+    if compact:
+        impls = [i for i in impls if i in ("flash_cuda", "cudnn", "fa2")]
+    header = ["case"]
+    for i in impls:
+        header += ([f"{label(i)} TB/s"] if compact else
+                   [f"{label(i)} ms", f"{label(i)} TB/s", f"{label(i)} eager TB/s"])
+    if "flash_cuda" in impls:
+        header += ["fc/cuDNN", "fc/FA2"]
+    body, eager_only = [], False
+    for cid in cases:
+        line = [cid]
+        for i in impls:
+            r = t.get(section, cid, "decode", i)
+            mark = ""
+            if value(r, "timing") == "eager" and "CUDA graph" in (r.get("note") or ""):
+                mark, eager_only = "*", True
+            if not compact:
+                line.append(cell(r, "ms_best", "{:.3f}"))
+            line.append(cell(r, "tbps_best", "{:.2f}") + mark)
+            if not compact:
+                line.append(cell(r, "tbps", "{:.2f}"))
+        if "flash_cuda" in impls:
+            fc = best_decode(t.get(section, cid, "decode", "flash_cuda"))
+            line.append(ratio(fc, best_decode(t.get(section, cid, "decode", "cudnn"))))
+            line.append(ratio(fc, best_decode(t.get(section, cid, "decode", "fa2"))))
+        body.append(line)
+    title = {"decode": "Decode, TB/s of K+V read",
+             "decode_grid": "Decode grid (issue 5), TB/s of K+V read"}[section]
+    how = ("One query token unless the case says qN. TB/s and ms from CUDA-graph replay (eager: "
+           "launched one by one); L2 flushed before each call unless --no-flush; ratios from "
+           "the graph figures." + (" * graph capture failed, eager figure." if eager_only else ""))
+    return [f"### {title}", "", how, ""] + md_table(header, body) + [""]
+
+
+def best_decode(row):
+    """The figure a decode row is judged by: graph replay where it was timed, else eager."""
+    return value(row, "tbps_best")
+
+
+def render_memory(t: Table, compact: bool) -> list[str]:
+    cases = t.cases("memory")
+    if not cases:
+        return []
+    header, cols = ["seqlen"], []
+    for m in ("fwd", "fwdbwd"):
+        impls = t.impls("memory", m)
+        if compact:
+            impls = [i for i in impls if i in ("flash_cuda", "math")]
+        cols += [(m, i) for i in impls]
+        header += [f"{'fwd' if m == 'fwd' else 'fwd+bwd'}: {label(i)}" for i in impls]
+        if impls:
+            header.append(f"{'fwd' if m == 'fwd' else 'fwd+bwd'}: floor")
+            cols.append((m, "floor"))
+    body = []
+    for cid in cases:
+        case = t.case("memory", cid)
+        line = [str(case.get("sq"))]
+        for m, i in cols:
+            if i == "floor":
+                line.append(f"{case.get('floor_' + m, 0) / 2**20:.0f}")
+            else:
+                line.append(cell(t.get("memory", cid, m, i), "extra_mib", "{:.0f}"))
+        body.append(line)
+    c0 = t.case("memory", cases[0])
+    title = (f"### Peak extra device memory, MiB (b={c0.get('b')}, h={c0.get('hq')}, "
+             f"d={c0.get('d')}, not causal)")
+    note = ("peak allocated during one call minus what was allocated before it (inputs); "
+            "floor = out + lse (fwd), + dq, dk, dv (fwd+bwd)")
+    return [title, "", note, ""] + md_table(header, body) + [""]
+
+
+def render_problems(t: Table, limit: int = 12) -> list[str]:
+    """Distinct error/oom messages with the first cells they hit."""
+    seen: dict[str, list[str]] = {}
+    for r in t.rows:
+        if r.get("status") in ("error", "oom", "unavailable"):
+            msg = (r.get("note") or r["status"]).strip().splitlines()[0][:160]
+            seen.setdefault(f"{label(r['impl'])}: {msg}", []).append(
+                f"{r['section']} {r['case_id']} {r['mode']}")
+    if not seen:
+        return []
+    out = ["### Errors and unavailable measurements", ""]
+    for i, (msg, where) in enumerate(seen.items()):
+        if i == limit:
+            out.append(f"- ... {len(seen) - limit} more distinct messages in the JSON")
+            break
+        more = f" (+{len(where) - 1} more)" if len(where) > 1 else ""
+        out.append(f"- {msg} — {where[0]}{more}")
+    return out + [""]
+
+
+def render_header(results: dict) -> list[str]:
+    meta, ceil = results.get("meta", {}), results.get("ceilings", {})
+    fc = meta.get("flash_cuda", {})
+    lines = [
+        f"## flash_cuda benchmark — {meta.get('device', '?')}, {meta.get('date', '?')}",
+        "",
+        f"torch {meta.get('torch', '?')}, CUDA {meta.get('cuda', '?')}, "
+        f"cuDNN {meta.get('cudnn', '?')}, "
+        f"flash_cuda {fc.get('version', '?')} (API: {fc.get('api') or 'none'}"
+        f"{'; ' + fc['error'] if fc.get('error') else ''}), git {meta.get('git', '?')}, "
+        f"status {results.get('status', '?')}",
+    ]
+    if ceil:
+        mm, cp = ceil.get("matmul_tflops"), ceil.get("copy_tbps")
+        lines.append(
+            f"Ceilings this run: bf16 8192³ matmul {'?' if mm is None else f'{mm:.0f}'} TFLOP/s; "
+            f"device copy {'?' if cp is None else f'{cp:.2f}'} TB/s (read + write)")
+    lines.append("")
+    return lines
+
+
+def render(results: dict, compact: bool = False) -> str:
+    t = Table(results)
+    out = render_header(results)
+    out += render_prefill(t, "grid", compact)
+    if compact:
+        out += render_prefill(t, "gqa", compact)
+    else:
+        out += render_gqa_times(t)
+    out += render_decode(t, "decode", compact)
+    out += render_decode(t, "decode_grid", compact)
+    out += render_memory(t, compact)
+    out += render_problems(t, limit=6 if compact else 20)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    compact = "--compact" in argv
+    paths = [a for a in argv if not a.startswith("--")]
+    if len(paths) != 1:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    with open(paths[0]) as f:
+        print(render(json.load(f), compact=compact), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

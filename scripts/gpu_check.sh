@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The one script for the H200 machine: build in place, GPU tests, benchmark, short table last.
+# Run from the repository root; $OUT is the folder whose files come back (logs, bench.json/.md).
+#
+#   OUT=/tmp/out bash scripts/gpu_check.sh
+#   SKIP_BUILD=1 SKIP_TESTS=1 BENCH_ARGS="--heads-dims 128 --modes fwd" bash scripts/gpu_check.sh
+#
+# Environment (all optional):
+#   FLASH_CUDA_HEADDIMS  kernel head dims to build ("64,128"; default all)   FLASH_CUDA_ARCHS (90a)
+#   SKIP_BUILD=1  SKIP_TESTS=1  SKIP_BENCH=1     leave a step out
+#   GPU_TESTS     pytest selection, e.g. "tests/test_fwd_gpu.py -k hdim128" (default: tests)
+#   PYTEST_TIMEOUT (420)  BUILD_TIMEOUT (480)  BENCH_TIMEOUT (540)   seconds per step
+#   BENCH_ARGS    arguments of bench/bench_attention.py (default: --quick; --full: the grid)
+#   DEADLINE      seconds from the start by which everything must be done (default 585: one
+#                 device call may run 600 s); later steps get what is left.
+# Exit status: non-zero if the build or the tests failed (the bench only reports).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+: "${OUT:?set OUT to the output folder}"
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda ]; then export CUDA_HOME=/usr/local/cuda; fi
+DEADLINE=${DEADLINE:-585}
+SUMMARY=()
+status=0
+
+# want SKIP NAME LIMIT: false when the step is skipped; else sets $t, the step's timeout: its
+# LIMIT or what is left before DEADLINE (15 s kept for the summary); under 20 s it is not started.
+want() {
+    [ "$1" = 1 ] && return 1
+    t=$(( DEADLINE - SECONDS - 15 ))
+    [ "$t" -gt "$3" ] && t=$3
+    [ "$t" -ge 20 ] && return 0
+    SUMMARY+=("$2: not run, no time left before DEADLINE=${DEADLINE}s"); echo "${SUMMARY[-1]}"
+    return 1
+}
+
+echo "== machine"
+timeout 20 nvidia-smi --format=csv,noheader --query-gpu=name,driver_version,memory.used,\
+memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw 2>&1 | head -2
+timeout 60 python3 -c "import sys, torch
+from torch.backends import cudnn
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'cudnn', cudnn.version())"
+
+# (a) build in place, with the ptxas resource report
+if want "${SKIP_BUILD:-0}" build "${BUILD_TIMEOUT:-480}"; then
+    echo "== build (timeout ${t}s, head dims ${FLASH_CUDA_HEADDIMS:-all})"
+    start=$SECONDS
+    MAX_JOBS=16 FLASH_CUDA_ARCHS="${FLASH_CUDA_ARCHS:-90a}" FLASH_CUDA_PTXAS_VERBOSE=1 \
+        timeout "$t" python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
+    rc=$?
+    ptxas=$(timeout 60 python3 scripts/ptxas_summary.py "$OUT/build.log")
+    if [ $rc -eq 0 ]; then
+        SUMMARY+=("build: ok in $(( SECONDS - start )) s; $ptxas")
+    else
+        status=1
+        SUMMARY+=("build: FAILED (rc $rc$([ $rc -eq 124 ] && echo ', timeout'))"\
+" after $(( SECONDS - start )) s; $ptxas")
+        errors=$(grep -m 12 -E 'error:|error |FAILED:' "$OUT/build.log")
+        SUMMARY+=("${errors:-$(tail -5 "$OUT/build.log")}")
+    fi
+    echo "${SUMMARY[-1]}"
+fi
+
+# (b) GPU tests (marked gpu), stop at the first failure
+if want "${SKIP_TESTS:-0}" tests "${PYTEST_TIMEOUT:-420}"; then
+    eval "selection=(${GPU_TESTS:-tests})"
+    echo "== tests: ${selection[*]} (timeout ${t}s)"
+    timeout "$t" python3 -m pytest "${selection[@]}" -m gpu -x -q -p no:cacheprovider \
+        -o faulthandler_timeout=120 > "$OUT/tests.log" 2>&1
+    rc=$?
+    line=$(grep -E 'passed|failed|error|skipped|deselected|no tests ran' "$OUT/tests.log" | tail -1)
+    case $rc in
+        0) SUMMARY+=("tests: ok: $line") ;;
+        5) SUMMARY+=("tests: none selected: $line") ;;
+        124) status=1; SUMMARY+=("tests: TIMEOUT after ${t}s (a hang?): $line") ;;
+        *) status=1; SUMMARY+=("tests: FAILED (rc $rc): $line")
+           SUMMARY+=("$(grep -m 8 -E '^(FAILED|ERROR)|^E ' "$OUT/tests.log")") ;;
+    esac
+    echo "${SUMMARY[-1]}"
+fi
+
+# (c) benchmark (it writes $OUT/bench.json after every measurement, $OUT/bench.md at the end)
+if want "${SKIP_BENCH:-0}" bench "${BENCH_TIMEOUT:-540}"; then
+    rm -f "$OUT/bench.json" "$OUT/bench.md"
+    echo "== bench ${BENCH_ARGS---quick} (timeout ${t}s)"
+    start=$SECONDS
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+    timeout "$t" python3 bench/bench_attention.py ${BENCH_ARGS---quick} --out "$OUT" \
+        --time-budget $(( t > 40 ? t - 30 : t )) > "$OUT/bench.log" 2>&1
+    rc=$?
+    rm -f "$OUT/bench.json.tmp"
+    SUMMARY+=("bench: rc $rc$([ $rc -eq 124 ] && echo ' (timeout: partial results)')"\
+" in $(( SECONDS - start )) s")
+    if [ $rc -ne 0 ]; then  # the end of the log, without the per-measurement lines
+        SUMMARY+=("$(grep -v -E '^(\[|\||$)' "$OUT/bench.log" | tail -6)")
+    else
+        SUMMARY+=("$(grep -E '^(bench|ceilings):' "$OUT/bench.log")")
+    fi
+    if [ -f "$OUT/bench.json" ] && [ ! -f "$OUT/bench.md" ]; then
+        timeout 60 python3 bench/bench_report.py "$OUT/bench.json" > "$OUT/bench.md" 2>&1
+    fi
+fi
+
+# (d) the short table, last
+echo
+echo "================================ summary ================================"
+printf '%s\n' "${SUMMARY[@]}"
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$OUT/bench.json" ]; then
+    echo
+    timeout 60 python3 bench/bench_report.py "$OUT/bench.json" --compact
+fi
+echo "gpu_check: exit $status (full logs and tables in \$OUT: $(cd "$OUT" && ls | tr '\n' ' '))"
+exit $status

@@ -1,0 +1,214 @@
+"""The benchmark harness (bench/bench_attention.py) on the CPU: its plan, and a tiny run.
+
+The GPU numbers come from the H200; here we check that the plan is the ANCHORS.md grid, that a
+run records every failure as data, and that the flash_cuda paths (fwd, fwd+bwd through autograd,
+KV cache, paged cache, accuracy check) work, with a stand-in flash_cuda module built on the
+naive oracle so the test does not depend on which kernels exist yet.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pathlib
+import sys
+import types
+
+import pytest
+
+from naive_attention import naive_attention
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+bench_attention = importlib.import_module("bench_attention")
+plan = importlib.import_module("bench_plan")
+report = importlib.import_module("bench_report")
+
+
+def dry_run(capsys, *argv):
+    assert bench_attention.main(["--dry-run", *argv]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_full_plan_is_the_anchors_grid(capsys):
+    lines = dry_run(capsys)
+    grid = [ln.split()[1:6] for ln in lines if ln.startswith("grid ")]
+    assert len(grid) == 3 * 2 * 6
+    for d, s, b, h, causal in grid:
+        d, s, b = int(d[1:]), int(s[1:]), int(b[1:])
+        assert b * s == 16384 and h == f"h{2048 // d}/{2048 // d}" and causal in ("full", "causal")
+    assert {g[0] for g in grid} == {"d64", "d128", "d256"}
+    assert {g[1] for g in grid} == {f"s{s}" for s in (512, 1024, 2048, 4096, 8192, 16384)}
+    assert sum(ln.startswith("gqa ") for ln in lines) == 2
+    assert [ln.split()[1:3] for ln in lines if ln.startswith("decode ")] == [
+        ["b1", "kv32768"], ["b32", "kv8192"], ["b128", "kv4096"]]
+    assert sum(ln.startswith("memory ") for ln in lines) == 5
+    estimate = float(lines[-1].split("~")[1].split()[0])
+    assert estimate < 8 * 60  # the whole grid must fit one device call
+
+
+def test_quick_plan(capsys):
+    lines = dry_run(capsys, "--quick")
+    cells = [" ".join(ln.split()[:7]) for ln in lines[:-1]]
+    assert cells[:2] == ["grid d128 s4096 b4 h16/16 full fwd:",
+                         "grid d128 s4096 b4 h16/16 causal fwd:"]
+    assert any(c.startswith("gqa d128 s4096 b4 h32/8 causal") for c in cells)
+    assert sum(c.startswith("decode ") for c in cells) == 1
+    assert float(lines[-1].split("~")[1].split()[0]) < 60
+
+
+def test_decode_grid_plan(capsys):
+    lines = dry_run(capsys, "--modes", "decode", "--decode-grid", "--paged", "16,256")
+    grid = [ln for ln in lines if ln.startswith("decode_grid")]
+    assert len(grid) == 3 * 4 * 4
+    assert all("flash_cuda_p16" in ln and "flash_cuda_p256" in ln for ln in grid)
+
+
+def test_options_restrict_the_plan(capsys):
+    lines = dry_run(capsys, "--heads-dims", "64", "--seqlens", "1024,2048", "--causal", "yes",
+                    "--modes", "fwd", "--no-gqa", "--impls", "flash_cuda,cudnn")
+    assert [ln.split() for ln in lines[:-1]] == [
+        ["grid", "d64", f"s{s}", f"b{16384 // s}", "h32/32", "causal", "fwd:", "flash_cuda,cudnn"]
+        for s in (1024, 2048)]
+
+
+def test_flops_and_bytes():
+    c = plan.prefill_case(4, 4096, 16, 16, 128, False)
+    assert plan.prefill_flops(c, "fwd") == 4 * 4 * 16 * 4096 * 4096 * 128
+    assert plan.prefill_flops(dict(c, causal=True), "fwdbwd") == 3.5 * 2 * 4 * 16 * 4096**2 * 128
+    assert plan.kv_bytes(plan.decode_case(32, 8192, 32, 8, 128)) == 2 * 32 * 8 * 8192 * 128 * 2
+
+
+def fake_flash_cuda():
+    """flash_attn_func / flash_attn_with_kvcache on the naive oracle, (b, s, h, d) layout."""
+    mod = types.ModuleType("flash_cuda")
+    mod.__version__ = "fake"
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                        deterministic=False, **kw):
+        return naive_attention(q, k, v, softmax_scale=softmax_scale, causal=causal)[0]
+
+    def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, causal=False,
+                                block_table=None, **kw):
+        if block_table is not None:  # pages (n, page, hk, d) -> (b, n_per_seq * page, hk, d)
+            b = block_table.shape[0]
+            k_cache = k_cache[block_table.long()].reshape(b, -1, *k_cache.shape[2:])
+            v_cache = v_cache[block_table.long()].reshape(b, -1, *v_cache.shape[2:])
+        n = int(cache_seqlens.max())
+        return naive_attention(q, k_cache[:, :n], v_cache[:, :n], causal=causal)[0]
+
+    mod.flash_attn_func = flash_attn_func
+    mod.flash_attn_with_kvcache = flash_attn_with_kvcache
+    return mod
+
+
+SMOKE = ["--smoke", "--dtype", "float32", "--seqlens", "128", "--repeats", "2"]
+
+
+def test_smoke_run_with_stand_in_flash_cuda(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "flash_cuda", fake_flash_cuda())
+    argv = SMOKE + ["--out", str(tmp_path), "--paged", "16",
+                    "--impls", "flash_cuda,flash_cuda_det,cudnn,fa2,efficient,math"]
+    assert bench_attention.main(argv) == 0
+    md = capsys.readouterr().out
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert (tmp_path / "bench.md").read_text() == md
+    assert res["status"] == "complete" and res["meta"]["flash_cuda"]["api"] == "flash_attn_func"
+    rows = {(r["section"], r["case_id"], r["mode"], r["impl"]): r for r in res["rows"]}
+    assert len(rows) == len(res["rows"])  # one row per measurement
+
+    def row(section, mode, impl, cid=None):
+        found = [r for k, r in rows.items() if k[0] == section and k[2] == mode and k[3] == impl
+                 and (cid is None or k[1] == cid)]
+        assert found, (section, mode, impl)
+        return found[0]
+
+    for section in ("grid", "gqa"):
+        for mode in ("fwd", "fwdbwd"):
+            fc = row(section, mode, "flash_cuda")
+            assert fc["status"] == "ok" and fc["tflops"] > 0 and len(fc["times_ms"]) == fc["reps"]
+            # No cuDNN on the CPU: checked against FA2 (CPU flash kernel), fp32 both.
+            assert fc["check"]["vs"] == "fa2" and fc["check"]["finite"]
+            assert fc["check"]["max_abs"] < 1e-4, fc["check"]
+            assert row(section, mode, "math")["status"] == "ok"
+            assert row(section, mode, "cudnn")["status"] == "error"
+            assert "No viable backend" in row(section, mode, "cudnn")["note"]
+        assert row(section, "fwdbwd", "flash_cuda_det")["status"] == "ok"
+        # deterministic=True only changes the backward: no fwd row for it
+        assert not [k for k in rows if k[0] == section and k[2:] == ("fwd", "flash_cuda_det")]
+    eff = row("gqa", "fwd", "efficient")
+    assert eff["status"] == "error"  # no EFFICIENT kernel on the CPU either
+    for impl in ("flash_cuda", "flash_cuda_p16"):
+        dec = row("decode", "decode", impl)
+        assert dec["status"] == "ok" and dec["tbps_best"] > 0 and dec["timing"] == "eager"
+        assert dec["check"]["vs"] == "fa2" and dec["check"]["max_abs"] < 1e-4
+    assert row("memory", "fwd", "flash_cuda")["status"] == "unavailable"  # needs CUDA
+    assert "| head dim | causal | seqlen (batch) |" in md and "fwd: fc/FA2" in md
+    assert "### Errors and unavailable measurements" in md
+
+    compact = report.render(res, compact=True)
+    assert "fwd: xformers" not in compact and "fwd: fc/cuDNN" in compact
+
+
+def test_run_without_python_layer_records_errors(tmp_path, monkeypatch, capsys):
+    """Only the raw op: fwd calls it (whatever it raises is recorded), fwd+bwd is unavailable."""
+    import flash_cuda  # noqa: F401  (registers torch.ops.flash_cuda)
+
+    mod = types.ModuleType("flash_cuda")
+    mod.__version__ = "ops-only"
+    monkeypatch.setitem(sys.modules, "flash_cuda", mod)
+    argv = SMOKE + ["--out", str(tmp_path), "--modes", "fwd,fwdbwd", "--no-gqa"]
+    assert bench_attention.main(argv) == 0
+    res = json.loads((tmp_path / "bench.json").read_text())
+    fc = [r for r in res["rows"] if r["impl"] == "flash_cuda"]
+    assert sorted(r["mode"] for r in fc) == ["fwd", "fwd", "fwdbwd", "fwdbwd"]
+    for r in fc:
+        if r["mode"] == "fwd":
+            # The CPU op works (reference built) or says it is not implemented (stub build).
+            assert r["status"] == "ok" or "NotImplementedError" in r["note"], r
+        else:
+            assert r["status"] == "unavailable" and "no Python" in r["note"]
+    assert all(r["status"] == "ok" for r in res["rows"] if r["impl"] == "math")
+
+
+def test_lost_context_restarts_without_the_culprit(tmp_path, monkeypatch, capsys):
+    """A sticky CUDA error re-executes the script with --resume/--exclude; the resumed run keeps
+    the rows already measured and skips the excluded implementation."""
+    monkeypatch.setitem(sys.modules, "flash_cuda", fake_flash_cuda())
+    argv = SMOKE + ["--out", str(tmp_path), "--modes", "fwd", "--no-gqa"]
+    args = plan.parse_args(argv)
+    args.argv, args.device = argv, "cpu"
+    bench = bench_attention.Bench(args)
+    case = plan.prefill_case(1, 8, 2, 2, 64, False)  # an earlier cell, already measured
+    bench.add({"section": "grid", "case_id": "x", "case": case, "mode": "fwd", "impl": "math",
+               "status": "ok", "ms": 1.0})
+    row = {"section": "grid", "case_id": "x", "case": case, "mode": "fwd", "impl": "flash_cuda",
+           "status": "error", "note": "RuntimeError: CUDA error: an illegal memory access"}
+    monkeypatch.setattr(bench, "context_lost", lambda e: True)
+    execs = []
+
+    def fake_execv(path, new_argv):
+        execs.append(new_argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execv", fake_execv)
+    with pytest.raises(SystemExit):
+        bench.after_failure(RuntimeError(row["note"]), row)
+    new_argv = execs[0][2:]
+    assert new_argv[:len(argv)] == argv
+    tail = new_argv[len(argv):]
+    assert tail[tail.index("--exclude") + 1] == "flash_cuda"
+    assert tail[tail.index("--resume") + 1] == str(tmp_path / "bench.json")
+    assert tail[tail.index("--resume-count") + 1] == "1"
+
+    assert bench_attention.main(new_argv) == 0
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["meta"]["resumed"] == 1 and res["status"] == "complete"
+    by_key = {(r["case_id"], r["impl"]): r for r in res["rows"]}
+    assert by_key[("x", "math")]["ms"] == 1.0 and by_key[("x", "flash_cuda")]["status"] == "error"
+    grid = [r for r in res["rows"] if r["case_id"] != "x"]
+    assert all(r["status"] == "skip" and "excluded" in r["note"]
+               for r in grid if r["impl"] == "flash_cuda")
+    assert all(r["status"] == "ok" for r in grid if r["impl"] == "math")
+
