@@ -24,6 +24,12 @@
 namespace flash_cuda {
 namespace ptx {
 
+// The kernel's dynamic shared memory (extern __shared__), 128-byte aligned.
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+    extern __shared__ __align__(128) unsigned char flash_cuda_dynamic_smem[];
+    return flash_cuda_dynamic_smem;
+}
+
 // 32-bit shared-memory address of a generic pointer into shared memory (cvta.to.shared).
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     using QCopy = typename Traits::QCopy;
     using KVCopy = typename Traits::KVCopy;
 
-    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* smem = ptx::dynamic_smem();
     const uint32_t smem_q = ptx::smem_addr(smem);
     const uint32_t smem_k = smem_q + Traits::kSmemKOffset;
     const uint32_t smem_v = smem_q + Traits::kSmemVOffset;
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // CTA-wide mask scalars, read only where needed. They live in shared memory rather than in
     // registers: they come from global loads (cu_seqlens), so they would occupy per-thread
     // registers through the whole loop, where the accumulators need every register.
-    __shared__ MaskScalars mask_scalars;
+    MaskScalars& mask_scalars = *reinterpret_cast<MaskScalars*>(smem + Traits::kSmemScalarsOffset);
     const Element* k_seq;              // key 0 of this sequence and KV head
     const Element* v_seq;
     int seqlen_k;

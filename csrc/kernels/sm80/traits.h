@@ -7,7 +7,8 @@
 // Per thread registers: the S accumulator kMTiles x kNTiles x 4 floats, the O accumulator
 // kMTiles x kDTiles x 4 floats.
 // Shared memory: Q tile (kBlockM x HeadDim), kStages K tiles and kStages V tiles
-// (kBlockN x HeadDim each), 16-bit, swizzled (tile_io.cuh). The O tile reuses the Q tile.
+// (kBlockN x HeadDim each), 16-bit, swizzled (tile_io.cuh), then 128 bytes of CTA-wide
+// scalars. The O tile reuses the Q tile.
 #pragma once
 
 #include "kernels/sm80/tile_io.cuh"
@@ -41,7 +42,10 @@ struct FwdTraits {
     static constexpr int kSmemKVTileBytes = KVTile::kBytes;
     static constexpr int kSmemKOffset = kSmemQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kSmemKVTileBytes;
-    static constexpr int kSmemBytes = kSmemVOffset + kStages * kSmemKVTileBytes;
+    // A few CTA-wide scalars (fwd.cuh: MaskScalars) after the tiles.
+    static constexpr int kSmemScalarsOffset = kSmemVOffset + kStages * kSmemKVTileBytes;
+    static constexpr int kSmemScalarsBytes = 128;
+    static constexpr int kSmemBytes = kSmemScalarsOffset + kSmemScalarsBytes;
 
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim: multiple of 32, at most 256");
     static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row slices");
