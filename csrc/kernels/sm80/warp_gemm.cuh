@@ -34,8 +34,11 @@ __device__ __forceinline__ void warp_gemm_qk(float (&acc)[Traits::kMTiles][Trait
                                              int lane) {
     using QTile = typename Traits::QTile;
     using KTile = typename Traits::KVTile;
-    const uint32_t q_base = ptx::opaque(q_smem) + QTile::byte_offset(warp_row0 + lane % 16, 8 * (lane / 16));
-    const uint32_t k_base = ptx::opaque(k_smem) + KTile::byte_offset(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
+    // Per-thread bases, recomputed on every call (opaque lane): cheaper than keeping them in
+    // registers through the main loop.
+    lane = ptx::opaque(lane);
+    const uint32_t q_base = q_smem + QTile::byte_offset(warp_row0 + lane % 16, 8 * (lane / 16));
+    const uint32_t k_base = k_smem + KTile::byte_offset(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
     static_for_each<Traits::kHeadDim / 16>([&](auto ks) {
         uint32_t a[Traits::kMTiles][4];
         static_for_each<Traits::kMTiles>([&](auto mt) {
@@ -78,7 +81,8 @@ __device__ __forceinline__ void warp_gemm_pv(
     float (&acc)[Traits::kMTiles][Traits::kDTiles][4],
     const uint32_t (&p_frag)[Traits::kMTiles][Traits::kBlockN / 16][4], uint32_t v_smem, int lane) {
     using VTile = typename Traits::KVTile;
-    const uint32_t v_base = ptx::opaque(v_smem) + VTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
+    lane = ptx::opaque(lane);
+    const uint32_t v_base = v_smem + VTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
     static_for_each<Traits::kBlockN / 16>([&](auto kk) {
         static_for_each<Traits::kHeadDim / 16>([&](auto dp) {
             uint32_t b[4];
