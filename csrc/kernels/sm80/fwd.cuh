@@ -106,6 +106,50 @@ struct OutputTile {
     }
 };
 
+// End of the key loop: O / l -> Element in shared memory (over the Q tile: every warp finished
+// its last Q K^T before the loop's last barrier) -> global with 16-byte stores; lse per row.
+// Output pointers and lane-derived values are recomputed here (a fresh %tid.x and the
+// sequence info) rather than kept in registers through the main loop.
+template <typename Element, typename Traits>
+__device__ __forceinline__ void store_output(const FwdParams& params, int batch, int head, int m0,
+                                             float (&acc_o)[Traits::kMTiles][Traits::kDTiles][4],
+                                             OnlineSoftmax<Traits::kMTiles>& softmax,
+                                             float log2_scale, uint32_t smem_q) {
+    constexpr int kMTiles = Traits::kMTiles;
+    const OutputTile<Element> out = OutputTile<Element>::make(
+        params, SequenceInfo::make(params, batch), batch, head, m0, Traits::kBlockM);
+    const int tid = ptx::thread_index_fresh();
+    const int lane = tid % 32;
+    const int warp_row0 = (tid / 32) * Traits::kWarpRows;
+
+    float lse[kMTiles][2];
+    softmax.finalize(acc_o, lse, log2_scale);
+    if (lane % 4 == 0) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_row0 + 16 * mt + 8 * half + lane / 4;  // in the tile
+                if (row < out.valid_rows) out.lse[row] = lse[mt][half];
+            }
+        }
+    }
+    // Thread's first element: row warp_row0 + lane / 4, column 2 (lane % 4) (inside chunk 0).
+    const uint32_t o_thread =
+        smem_q + Traits::QTile::byte_offset(warp_row0 + lane / 4, 2 * (lane % 4));
+    static_for_each<kMTiles>([&](auto mt) {
+        static_for_each<2>([&](auto half) {
+            static_for_each<Traits::kDTiles>([&](auto dt) {
+                ptx::st_shared_4(
+                    Traits::QTile::template stepped<16 * mt + 8 * half, 8 * dt>(o_thread),
+                    ptx::pack_float2<Element>(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]));
+            });
+        });
+    });
+    __syncthreads();
+    Traits::QCopy::store(out.o, params.o_row_stride, smem_q, out.valid_rows, params.d, tid);
+}
+
 // Template parameters: Causal (window right side fixed to 0), HasAlibi (scores converted to
 // natural-log units with the ALiBi bias; also used, with slope 0, when softmax_scale <= 0 so
 // the exponent factor stays positive), HasSoftcap (tanh capping).
@@ -142,6 +186,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // CTA-wide mask scalars, read only where needed. They live in shared memory rather than in
     // registers: they come from global loads (cu_seqlens), so they would occupy per-thread
     // registers through the whole loop, where the accumulators need every register.
+    static_assert(sizeof(MaskScalars) <= Traits::kSmemScalarsBytes, "scalars area too small");
     MaskScalars& mask_scalars = *reinterpret_cast<MaskScalars*>(smem + Traits::kSmemScalarsOffset);
     const Element* k_seq;              // key 0 of this sequence and KV head
     const Element* v_seq;
@@ -300,42 +345,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
     ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway
 
-    // ---- Epilogue. Output pointers and lane-derived values are recomputed here rather than
-    // kept live through the loop (register pressure).
-    const OutputTile<Element> out = OutputTile<Element>::make(
-        params, SequenceInfo::make(params, batch), batch, head, m0, kBlockM);
-    {
-        const int tid = ptx::thread_index_fresh();
-        const int lane = tid % 32;
-        const int warp_row0 = (tid / 32) * Traits::kWarpRows;
-    float lse[kMTiles][2];
-    softmax.finalize(acc_o, lse, log2_scale);
-    if (lane % 4 == 0) {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = warp_row0 + 16 * mt + 8 * half + lane / 4;  // in the tile
-                if (row < out.valid_rows) out.lse[row] = lse[mt][half];
-            }
-        }
-    }
-    // O tile over the Q tile: every warp finished its last Q K^T before the last barrier.
-    // Thread's first element: row warp_row0 + lane / 4, column 2 (lane % 4) (inside chunk 0).
-    const uint32_t o_thread =
-        smem_q + Traits::QTile::byte_offset(warp_row0 + lane / 4, 2 * (lane % 4));
-    static_for_each<kMTiles>([&](auto mt) {
-        static_for_each<2>([&](auto half) {
-            static_for_each<kDTiles>([&](auto dt) {
-                ptx::st_shared_4(
-                    Traits::QTile::template stepped<16 * mt + 8 * half, 8 * dt>(o_thread),
-                    ptx::pack_float2<Element>(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]));
-            });
-        });
-    });
-    __syncthreads();
-    QCopy::store(out.o, params.o_row_stride, smem_q, out.valid_rows, params.d, tid);
-    }
+    // ---- Epilogue.
+    store_output<Element, Traits>(params, batch, head, m0, acc_o, softmax, log2_scale, smem_q);
 }
 
 }  // namespace sm80
