@@ -63,10 +63,21 @@ bool device_has_sm80_kernels(const at::Tensor& t) {
     return major >= 8;
 }
 
-// Pads the head dim (last dim) with zeros up to a multiple of 8 (16-byte rows for the kernels).
+// The kernels move rows in 16-byte pieces: the data pointer and every stride that is used
+// (dims of size > 1 other than the last) must be 16-byte aligned (8 elements of 16 bits).
+bool aligned_for_kernels(const at::Tensor& t) {
+    if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+    for (int64_t i = 0; i + 1 < t.dim(); ++i) {
+        if (t.size(i) > 1 && t.stride(i) % 8 != 0) return false;
+    }
+    return true;
+}
+
+// Pads the head dim (last dim) with zeros up to a multiple of 8 (16-byte rows for the kernels);
+// copies a tensor whose pointer or strides are not 16-byte aligned.
 at::Tensor pad_head_dim(const at::Tensor& t) {
     const int64_t d = t.size(-1);
-    if (d % 8 == 0) return t;
+    if (d % 8 == 0) return aligned_for_kernels(t) ? t : t.clone(at::MemoryFormat::Contiguous);
     return at::constant_pad_nd(t, {0, 8 - d % 8}, 0);
 }
 

@@ -1,0 +1,169 @@
+// Thin wrappers around the PTX instructions the tensor-core kernels use. Each wrapper is one
+// instruction (named in its comment) with C++ types; kernels never contain inline asm.
+// All of these need sm_80 or newer (cp.async, bf16 mma, packed f32 -> bf16x2 conversion).
+//
+// Fragment layouts of mma.m16n8k16 (PTX ISA "Matrix fragments for mma.m16n8k16 with floating
+// point type"), with g = lane / 4 (groupID) and t = lane % 4 (threadID_in_group):
+//   A (16 x 16, row major), four 32-bit registers of two 16-bit elements each (low half first):
+//     a[0] = A[g    ][2t, 2t+1]   a[1] = A[g + 8][2t, 2t+1]
+//     a[2] = A[g    ][2t+8, 2t+9] a[3] = A[g + 8][2t+8, 2t+9]
+//   B (16 x 8, "col": element (k, n) with k contiguous), two registers:
+//     b[0] = B[2t, 2t+1][g]       b[1] = B[2t+8, 2t+9][g]
+//   C/D (16 x 8, fp32), four floats:
+//     c[0], c[1] = C[g][2t, 2t+1]  c[2], c[3] = C[g + 8][2t, 2t+1]
+// ldmatrix.x4 (8 x 8 matrices of 16-bit elements, one per register): lanes 8i .. 8i+7 give the
+// 16-byte row addresses of matrix i; lane l receives, in register i, row l / 4, elements
+// 2 (l % 4) and 2 (l % 4) + 1 of matrix i (with .trans: column l / 4, rows 2 (l % 4), +1).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace flash_cuda {
+namespace ptx {
+
+// The kernel's dynamic shared memory (extern __shared__), 128-byte aligned.
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+    extern __shared__ __align__(128) unsigned char flash_cuda_dynamic_smem[];
+    return flash_cuda_dynamic_smem;
+}
+
+// 32-bit shared-memory address of a generic pointer into shared memory (cvta.to.shared).
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// cp.async.cg.shared.global (16 bytes, L2 only): asynchronous global -> shared copy. When
+// `in_bounds` is false no global byte is read (src-size 0) and the 16 shared bytes are zeroed.
+__device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src,
+                                            bool in_bounds) {
+    const int src_bytes = in_bounds ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst),
+                 "l"(gmem_src), "r"(src_bytes)
+                 : "memory");
+}
+
+// cp.async.commit_group: closes the group of cp.async issued since the last commit (an empty
+// group is legal and completes at once).
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// cp.async.wait_group N: waits until at most `kPendingGroups` of this thread's committed groups
+// are still in flight. Other threads' copies become visible only after a barrier.
+template <int kPendingGroups>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPendingGroups) : "memory");
+}
+
+// ld.shared.v4.b32: one 16-byte shared-memory load.
+__device__ __forceinline__ uint4 ld_shared_16(uint32_t smem_addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(smem_addr)
+                 : "memory");
+    return v;
+}
+
+// st.shared.b32: one 4-byte shared-memory store.
+__device__ __forceinline__ void st_shared_4(uint32_t smem_addr, uint32_t value) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(value) : "memory");
+}
+
+// mov.b32 behind an asm barrier: returns x, but the compiler cannot see that it does, so
+// values derived from it are computed where they are used instead of being hoisted out of the
+// main loop and kept in registers (register-pressure control, no instruction cost beyond a MOV).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+    return x;
+}
+__device__ __forceinline__ int opaque(int x) {
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+    return x;
+}
+
+// mov.u32 from %tid.x, not merged with other reads: lets a kernel re-derive lane-dependent
+// values after its main loop instead of keeping (or spilling) them through it.
+__device__ __forceinline__ int thread_index_fresh() {
+    int tid;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+    return tid;
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8x8 16-bit matrices from shared memory into
+// the A/B-fragment register layout (see the header comment).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&regs)[4], uint32_t smem_row_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3])
+                 : "r"(smem_row_addr));
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: the same, each 8x8 matrix transposed (for a
+// B operand stored with n contiguous, e.g. V laid out (key, head dim)).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&regs)[4], uint32_t smem_row_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3])
+                 : "r"(smem_row_addr));
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32: acc (16x8 fp32) += A B.
+template <typename Element>
+__device__ __forceinline__ void mma_16816(float (&acc)[4], const uint32_t (&a)[4],
+                                          uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&acc)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&acc)[4], const uint32_t (&a)[4],
+                                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ex2.approx.ftz.f32: 2^x (ex2(-inf) = +0), the softmax exponential.
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// tanh.approx.f32: hardware tanh (max relative error ~2^-11), for softcapping.
+__device__ __forceinline__ float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// cvt.rn.{f16x2,bf16x2}.f32: two floats -> one packed 16-bit pair, `lo` in the low half (the
+// lower column of an mma fragment register). The instruction takes the high source first.
+template <typename Element>
+__device__ __forceinline__ uint32_t pack_float2(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t pack_float2<__half>(float lo, float hi) {
+    uint32_t packed;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
+template <>
+__device__ __forceinline__ uint32_t pack_float2<__nv_bfloat16>(float lo, float hi) {
+    uint32_t packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
+}  // namespace ptx
+}  // namespace flash_cuda

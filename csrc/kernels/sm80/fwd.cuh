@@ -1,0 +1,353 @@
+// FlashAttention-2-style forward on tensor cores with mma.sync (sm80+: Ampere, Ada, Hopper).
+//
+// One CTA = kBlockM query rows of one (batch, head):
+//   Q tile    -> shared memory once (cp.async), read by ldmatrix every key block
+//   for key blocks n = last .. first (only those some row of the tile can see):
+//     K_n, V_n  -> shared memory through cp.async (kStages buffers each, loads run ahead)
+//     S = Q K_n^T                fp32 accumulators in registers (warp_gemm.cuh)
+//     softcap / ALiBi / mask     on the fragments (mask.cuh); masking only on edge blocks
+//     online softmax             row max/sum by quad shuffles, O rescaled (softmax.cuh)
+//     [dropout on P would go here: P is fp32 in the S registers, rows/cols as in mask.cuh]
+//     O += P V_n                 P converted in registers into the A operand
+//   O / l -> shared memory (over the Q tile) -> global with 16-byte stores; lse per row.
+// Key blocks run from the last to the first so the blocks that need masking on the causal
+// diagonal / sequence end come first and the rest run without mask code.
+//
+// Tensors (elements; strides from FwdParams, 64-bit offsets):
+//   q (b, seqlen_q, h, d)  or packed (total_q, h, d) with cu_seqlens_q
+//   k, v (b, seqlen_k, h_k, d)  or packed (total_k, h_k, d) with cu_seqlens_k
+//   o like q (written only for rows < seqlen_q and columns < d)
+//   lse fp32 (b, h, seqlen_q), or (h, total_q) when params.unpadded_lse
+// Grid (ceil(max seqlen_q / kBlockM), b, h), kNThreads threads, Traits::kSmemBytes dynamic
+// shared memory.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/mask.cuh"
+#include "kernels/params.h"
+#include "kernels/ptx.cuh"
+#include "kernels/softmax.cuh"
+#include "kernels/sm80/traits.h"
+#include "kernels/sm80/warp_gemm.cuh"
+
+namespace flash_cuda {
+namespace sm80 {
+
+// Where one batch entry's rows start and how many there are (fixed length or varlen).
+struct SequenceInfo {
+    int64_t q_offset;   // element offset of row 0 of q (o uses the same rows)
+    int64_t o_offset;
+    int64_t k_offset;   // element offset of row 0 of k / v (head 0)
+    int64_t v_offset;
+    int q_start;        // varlen: first packed row of the sequence (lse index), else 0
+    int seqlen_q;
+    int seqlen_k;
+
+    __device__ __forceinline__ static SequenceInfo make(const FwdParams& params, int batch) {
+        SequenceInfo info;
+        if (params.cu_seqlens_q != nullptr) {
+            const int start = params.cu_seqlens_q[batch];
+            info.q_start = start;
+            info.seqlen_q = params.cu_seqlens_q[batch + 1] - start;
+            info.q_offset = static_cast<int64_t>(start) * params.q_row_stride;
+            info.o_offset = static_cast<int64_t>(start) * params.o_row_stride;
+        } else {
+            info.q_start = 0;
+            info.seqlen_q = params.seqlen_q;
+            info.q_offset = static_cast<int64_t>(batch) * params.q_batch_stride;
+            info.o_offset = static_cast<int64_t>(batch) * params.o_batch_stride;
+        }
+        if (params.cu_seqlens_k != nullptr) {
+            const int start = params.cu_seqlens_k[batch];
+            info.seqlen_k = params.cu_seqlens_k[batch + 1] - start;
+            info.k_offset = static_cast<int64_t>(start) * params.k_row_stride;
+            info.v_offset = static_cast<int64_t>(start) * params.v_row_stride;
+        } else {
+            info.seqlen_k = params.seqlen_k;
+            info.k_offset = static_cast<int64_t>(batch) * params.k_batch_stride;
+            info.v_offset = static_cast<int64_t>(batch) * params.v_batch_stride;
+        }
+        if (params.seqused_k != nullptr) info.seqlen_k = params.seqused_k[batch];
+        return info;
+    }
+};
+
+// Mask values shared by the CTA (see the kernel).
+struct MaskScalars {
+    int unmasked_keys_begin;  // key blocks inside [begin, end) for every row need no mask
+    int unmasked_keys_end;
+    int diag;                 // seqlen_k - seqlen_q
+    KeyRange key_range;       // visible keys per query row
+};
+
+// Where this CTA writes: its O tile (row m0 of the sequence, this head) and lse entries.
+template <typename Element>
+struct OutputTile {
+    Element* o;   // element (0, 0) of the tile; rows params.o_row_stride apart
+    float* lse;   // lse of tile row 0; rows are consecutive
+    int valid_rows;
+
+    __device__ __forceinline__ static OutputTile make(const FwdParams& params,
+                                                      const SequenceInfo& seq, int batch,
+                                                      int head, int m0, int block_m) {
+        OutputTile out;
+        out.o = reinterpret_cast<Element*>(params.o_ptr) + seq.o_offset +
+                head * params.o_head_stride + m0 * params.o_row_stride;
+        out.lse = params.softmax_lse_ptr +
+                  (params.unpadded_lse
+                       ? static_cast<int64_t>(head) * params.total_q + seq.q_start + m0
+                       : (static_cast<int64_t>(batch) * params.h + head) * params.seqlen_q + m0);
+        out.valid_rows = min(block_m, seq.seqlen_q - m0);
+        return out;
+    }
+};
+
+// End of the key loop: O / l -> Element in shared memory (over the Q tile: every warp finished
+// its last Q K^T before the loop's last barrier) -> global with 16-byte stores; lse per row.
+// Output pointers and lane-derived values are recomputed here (a fresh %tid.x and the
+// sequence info) rather than kept in registers through the main loop.
+template <typename Element, typename Traits>
+__device__ __forceinline__ void store_output(const FwdParams& params, int batch, int head, int m0,
+                                             float (&acc_o)[Traits::kMTiles][Traits::kDTiles][4],
+                                             OnlineSoftmax<Traits::kMTiles>& softmax,
+                                             float log2_scale, uint32_t smem_q) {
+    constexpr int kMTiles = Traits::kMTiles;
+    const OutputTile<Element> out = OutputTile<Element>::make(
+        params, SequenceInfo::make(params, batch), batch, head, m0, Traits::kBlockM);
+    const int tid = ptx::thread_index_fresh();
+    const int lane = tid % 32;
+    const int warp_row0 = (tid / 32) * Traits::kWarpRows;
+
+    float lse[kMTiles][2];
+    softmax.finalize(acc_o, lse, log2_scale);
+    if (lane % 4 == 0) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_row0 + 16 * mt + 8 * half + lane / 4;  // in the tile
+                if (row < out.valid_rows) out.lse[row] = lse[mt][half];
+            }
+        }
+    }
+    // Thread's first element: row warp_row0 + lane / 4, column 2 (lane % 4) (inside chunk 0).
+    const uint32_t o_thread =
+        smem_q + Traits::QTile::byte_offset(warp_row0 + lane / 4, 2 * (lane % 4));
+    static_for_each<kMTiles>([&](auto mt) {
+        static_for_each<2>([&](auto half) {
+            static_for_each<Traits::kDTiles>([&](auto dt) {
+                ptx::st_shared_4(
+                    Traits::QTile::template stepped<16 * mt + 8 * half, 8 * dt>(o_thread),
+                    ptx::pack_float2<Element>(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]));
+            });
+        });
+    });
+    __syncthreads();
+    Traits::QCopy::store(out.o, params.o_row_stride, smem_q, out.valid_rows, params.d, tid);
+}
+
+// Template parameters: Causal (window right side fixed to 0), HasAlibi (scores converted to
+// natural-log units with the ALiBi bias; also used, with slope 0, when softmax_scale <= 0 so
+// the exponent factor stays positive), HasSoftcap (tanh capping).
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    mha_fwd_sm80_kernel(const __grid_constant__ FwdParams params) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kStages = Traits::kStages;
+    constexpr int kMTiles = Traits::kMTiles;
+    constexpr int kNTiles = Traits::kNTiles;
+    constexpr int kDTiles = Traits::kDTiles;
+    // cp.async groups are committed in the order K0 V0 K1 V1 ...; when waiting for K_j (or V_j)
+    // the 2 (kStages - 1) groups issued after it may stay in flight.
+    constexpr int kGroupsInFlight = 2 * (kStages - 1);
+    using QCopy = typename Traits::QCopy;
+    using KVCopy = typename Traits::KVCopy;
+
+    unsigned char* smem = ptx::dynamic_smem();
+    const uint32_t smem_q = ptx::smem_addr(smem);
+    const uint32_t smem_k = smem_q + Traits::kSmemKOffset;
+    const uint32_t smem_v = smem_q + Traits::kSmemVOffset;
+
+    const int tid = threadIdx.x;
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    // Causal: the last query blocks have the most keys; start them first.
+    const int m_block = Causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int batch = blockIdx.y;
+    const int head = blockIdx.z;
+    const int m0 = m_block * kBlockM;  // first query row of this CTA
+
+    int n_block_min, n_block_max;      // key blocks some row of the tile can see
+    // CTA-wide mask scalars, read only where needed. They live in shared memory rather than in
+    // registers: they come from global loads (cu_seqlens), so they would occupy per-thread
+    // registers through the whole loop, where the accumulators need every register.
+    static_assert(sizeof(MaskScalars) <= Traits::kSmemScalarsBytes, "scalars area too small");
+    MaskScalars& mask_scalars = *reinterpret_cast<MaskScalars*>(smem + Traits::kSmemScalarsOffset);
+    const Element* k_seq;              // key 0 of this sequence and KV head
+    const Element* v_seq;
+    int seqlen_k;
+    {
+        const SequenceInfo seq = SequenceInfo::make(params, batch);
+        if (m0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than the grid
+        const int valid_q_rows = min(kBlockM, seq.seqlen_q - m0);
+        seqlen_k = seq.seqlen_k;
+
+        // ---- Mask geometry. The host normalised the window with seqlen_k (varlen: the max);
+        // normalise again per sequence: a side >= this sequence's seqlen_k is unbounded.
+        AttentionMask mask;
+        mask.seqlen_k = seq.seqlen_k;
+        mask.diag = seq.seqlen_k - seq.seqlen_q;
+        mask.window_left = params.window_size_left >= seq.seqlen_k ? -1 : params.window_size_left;
+        mask.window_right = Causal ? 0
+                            : (params.window_size_right >= seq.seqlen_k ? -1
+                                                                        : params.window_size_right);
+        // Keys some row of the tile can see: [key_begin(first row), key_end(last row)).
+        const int keys_begin = max(0, mask.key_begin(m0));
+        const int keys_end = mask.key_end(m0 + valid_q_rows - 1);
+        n_block_min = keys_begin / kBlockN;
+        n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
+        // Blocks inside every tile row's visible range need no mask: keys [n kBlockN,
+        // (n+1) kBlockN) with (n+1) kBlockN <= key_end(first row), n kBlockN >= key_begin(last).
+        if (tid == 0) {
+            mask_scalars.unmasked_keys_end = mask.key_end(m0);
+            mask_scalars.unmasked_keys_begin = mask.key_begin(m0 + kBlockM - 1);
+            mask_scalars.key_range = KeyRange::make(mask);
+            mask_scalars.diag = mask.diag;
+        }  // visible to all threads after the first barrier of the main loop
+
+        // ---- No visible key for any row of the tile (seqlen_k = 0, causal with seqlen_q >
+        // seqlen_k, windows past the end): out = 0, lse = +inf.
+        if (n_block_max <= n_block_min) {
+            const OutputTile<Element> out =
+                OutputTile<Element>::make(params, seq, batch, head, m0, kBlockM);
+            QCopy::store_zeros(out.o, params.o_row_stride, out.valid_rows, params.d, tid);
+            for (int row = tid; row < out.valid_rows; row += Traits::kNThreads) {
+                out.lse[row] = INFINITY;
+            }
+            return;
+        }
+
+        // ---- Q tile load (64-bit element offsets), K/V sequence pointers.
+        const Element* q_tile = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
+                                head * params.q_head_stride + m0 * params.q_row_stride;
+        QCopy::load_async(smem_q, q_tile, params.q_row_stride, valid_q_rows, params.d, tid);
+        const int kv_head = head / params.h_h_k_ratio;
+        k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
+                kv_head * params.k_head_stride;
+        v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
+                kv_head * params.v_head_stride;
+    }
+
+    // ---- Score units: final score = s * score_scale (+ ALiBi); softmax exponent factor.
+    const float softcap_pre_scale = HasSoftcap ? params.scale_softmax / params.softcap : 0.f;
+    const float score_scale = HasSoftcap ? params.softcap : params.scale_softmax;
+    const float log2_scale = HasAlibi ? static_cast<float>(M_LOG2E)
+                                      : score_scale * static_cast<float>(M_LOG2E);
+    float alibi_slope = 0.f;
+    if constexpr (HasAlibi) {
+        if (params.alibi_slopes_ptr != nullptr) {
+            alibi_slope = reinterpret_cast<const float*>(
+                params.alibi_slopes_ptr)[batch * params.alibi_slopes_batch_stride + head];
+        }
+    }
+
+    const int n_iters = n_block_max - n_block_min;
+    // K / V tiles of iteration `it` (key block n_block_max - 1 - it) into buffer it % kStages.
+    auto load_k = [&](int it) {
+        const int n_block = n_block_max - 1 - it;
+        KVCopy::load_async(
+            smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
+            k_seq + static_cast<int64_t>(n_block) * kBlockN * params.k_row_stride,
+            params.k_row_stride, seqlen_k - n_block * kBlockN, params.d, tid);
+    };
+    auto load_v = [&](int it) {
+        const int n_block = n_block_max - 1 - it;
+        KVCopy::load_async(
+            smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
+            v_seq + static_cast<int64_t>(n_block) * kBlockN * params.v_row_stride,
+            params.v_row_stride, seqlen_k - n_block * kBlockN, params.d, tid);
+    };
+
+    // ---- Prologue: Q (issued above) with K of the first block, then (double buffering) V0, K1.
+    load_k(0);
+    ptx::cp_async_commit();
+    if constexpr (kStages == 2) {
+        load_v(0);
+        ptx::cp_async_commit();
+        if (n_iters > 1) load_k(1);
+        ptx::cp_async_commit();
+    }
+
+    float acc_o[kMTiles][kDTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+        }
+    }
+    OnlineSoftmax<kMTiles> softmax;
+    softmax.init();
+    const int warp_row0 = warp * Traits::kWarpRows;  // in the tile
+
+    for (int it = 0; it < n_iters; ++it) {
+        const int n_block = n_block_max - 1 - it;
+        const int slot = it % kStages;
+
+        // K of this block has landed (and every warp is done with the buffers refilled next).
+        ptx::cp_async_wait<kGroupsInFlight>();
+        __syncthreads();
+        if (it + kStages - 1 < n_iters) load_v(it + kStages - 1);
+        ptx::cp_async_commit();
+
+        float acc_s[kMTiles][kNTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+            }
+        }
+        warp_gemm_qk<Element, Traits>(acc_s, smem_q, smem_k + slot * Traits::kSmemKVTileBytes,
+                                      warp_row0, lane);
+
+        if constexpr (HasSoftcap) apply_softcap(acc_s, softcap_pre_scale);
+        // Query row and key of s[0][0][0]. (Opaque: per-row values derived from it are computed
+        // here, not hoisted out of the loop into registers.)
+        const int frag_row0 = ptx::opaque(m0 + warp_row0 + lane / 4);
+        const int frag_col0 = n_block * kBlockN + 2 * (lane % 4);
+        if constexpr (HasAlibi) {
+            apply_alibi(acc_s, score_scale, alibi_slope, frag_row0 + mask_scalars.diag, frag_col0);
+        }
+        const bool block_needs_mask = (n_block + 1) * kBlockN > mask_scalars.unmasked_keys_end ||
+                                      n_block * kBlockN < mask_scalars.unmasked_keys_begin;
+        if (block_needs_mask) apply_mask(acc_s, mask_scalars.key_range, frag_row0, frag_col0);
+
+        softmax.update(acc_s, acc_o, log2_scale);
+        // (Dropout would be applied to acc_s here, after the row sums.)
+        uint32_t p_frag[kMTiles][kBlockN / 16][4];
+        convert_p_to_a_fragments<Element, Traits>(p_frag, acc_s);
+
+        // V of this block has landed; every warp is done reading this block's K buffer.
+        ptx::cp_async_wait<kGroupsInFlight>();
+        __syncthreads();
+        if (it + kStages < n_iters) load_k(it + kStages);
+        ptx::cp_async_commit();
+
+        warp_gemm_pv<Element, Traits>(acc_o, p_frag, smem_v + slot * Traits::kSmemKVTileBytes, lane);
+    }
+    ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway
+
+    // ---- Epilogue.
+    store_output<Element, Traits>(params, batch, head, m0, acc_o, softmax, log2_scale, smem_q);
+}
+
+}  // namespace sm80
+}  // namespace flash_cuda

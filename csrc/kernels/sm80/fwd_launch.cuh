@@ -1,0 +1,58 @@
+// Host launcher of the sm80 forward kernel (declared in kernels/launch.h). Included by the
+// generated csrc/instantiations/fwd_hdim*_sm80.cu files, one (Element, HeadDim, Causal) each.
+// Runtime features that change the inner loop (softcap, ALiBi) become template parameters
+// here through static_switch.h; everything else (window, varlen, sequence ends, GQA) is read
+// from the params at run time.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/launch.h"
+#include "kernels/params.h"
+#include "kernels/sm80/fwd.cuh"
+#include "kernels/sm80/traits.h"
+#include "kernels/static_switch.h"
+
+namespace flash_cuda {
+
+template <typename Element, int HeadDim, bool Causal>
+void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
+    using Traits = typename sm80::FwdConfig<HeadDim>::Traits;
+    const int num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    if (num_m_blocks <= 0 || params.b <= 0 || params.h <= 0) return;
+    if (params.b > 65535 || params.h > 65535) {
+        throw std::runtime_error("flash_cuda: forward kernel supports at most 65535 batch entries "
+                                 "and 65535 heads, got b=" + std::to_string(params.b) +
+                                 ", h=" + std::to_string(params.h));
+    }
+    const dim3 grid(num_m_blocks, params.b, params.h);
+
+    const bool has_softcap = params.softcap > 0.f;
+    // The exponent factor of the plain path is scale * log2(e); when it is not positive the
+    // ALiBi path (natural-log scores, slope 0 without slopes) keeps the softmax well defined.
+    const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
+                           (!has_softcap && !(params.scale_softmax > 0.f));
+    BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
+        BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
+            auto kernel = &sm80::mha_fwd_sm80_kernel<Element, Traits, Causal, kHasAlibi, kHasSoftcap>;
+            constexpr int kSmemBytes = Traits::kSmemBytes;
+            if constexpr (kSmemBytes > 48 * 1024) {
+                const cudaError_t err = cudaFuncSetAttribute(
+                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+                if (err != cudaSuccess) {
+                    throw std::runtime_error(std::string("flash_cuda: cannot reserve ") +
+                                             std::to_string(kSmemBytes) +
+                                             " bytes of shared memory for the forward kernel: " +
+                                             cudaGetErrorString(err));
+                }
+            }
+            kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+            FLASH_CUDA_CHECK_LAUNCH();
+        });
+    });
+}
+
+}  // namespace flash_cuda

@@ -1,0 +1,81 @@
+// Tile configuration of the sm80 (mma.sync) forward kernel, per head dim.
+//
+// A CTA computes kBlockM query rows of one (batch, head) and streams the keys/values in blocks
+// of kBlockN rows. Its kNWarps warps split the query rows: warp w owns rows
+// [w * kWarpRows, (w + 1) * kWarpRows), i.e. kMTiles slices of 16 rows (the M of
+// mma.m16n8k16), so a row's softmax statistics live in the 4 lanes of one quad.
+// Per thread registers: the S accumulator kMTiles x kNTiles x 4 floats, the O accumulator
+// kMTiles x kDTiles x 4 floats.
+// Shared memory: Q tile (kBlockM x HeadDim), kStages K tiles and kStages V tiles
+// (kBlockN x HeadDim each), 16-bit, swizzled (tile_io.cuh), then 128 bytes of CTA-wide
+// scalars. The O tile reuses the Q tile.
+#pragma once
+
+#include "kernels/sm80/tile_io.cuh"
+
+namespace flash_cuda {
+namespace sm80 {
+
+template <int HeadDim, int BlockM, int BlockN, int NWarps, int Stages>
+struct FwdTraits {
+    static constexpr int kHeadDim = HeadDim;
+    static constexpr int kBlockM = BlockM;
+    static constexpr int kBlockN = BlockN;
+    static constexpr int kNWarps = NWarps;
+    static constexpr int kNThreads = NWarps * 32;
+    // K/V buffers: 1 = one K and one V tile (the V load overlaps S = QK^T, the next K load
+    // overlaps softmax and PV); 2 = double buffered (the next block's K and V load during the
+    // whole current iteration).
+    static constexpr int kStages = Stages;
+
+    static constexpr int kWarpRows = kBlockM / kNWarps;
+    static constexpr int kMTiles = kWarpRows / 16;  // 16-row slices per warp
+    static constexpr int kNTiles = kBlockN / 8;     // 8-column tiles of S per slice
+    static constexpr int kDTiles = kHeadDim / 8;    // 8-column tiles of O per slice
+
+    using QTile = SwizzledTile<kBlockM, kHeadDim>;   // also the O tile of the epilogue
+    using KVTile = SwizzledTile<kBlockN, kHeadDim>;
+    using QCopy = TileCopy<QTile, kNThreads>;
+    using KVCopy = TileCopy<KVTile, kNThreads>;
+
+    static constexpr int kSmemQBytes = QTile::kBytes;
+    static constexpr int kSmemKVTileBytes = KVTile::kBytes;
+    static constexpr int kSmemKOffset = kSmemQBytes;
+    static constexpr int kSmemVOffset = kSmemKOffset + kStages * kSmemKVTileBytes;
+    // A few CTA-wide scalars (fwd.cuh: MaskScalars) after the tiles.
+    static constexpr int kSmemScalarsOffset = kSmemVOffset + kStages * kSmemKVTileBytes;
+    static constexpr int kSmemScalarsBytes = 128;
+    static constexpr int kSmemBytes = kSmemScalarsOffset + kSmemScalarsBytes;
+
+    static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim: multiple of 32, at most 256");
+    static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row slices");
+    static_assert(kBlockN % 16 == 0, "key block: whole k16 steps of the PV product");
+    static_assert(kStages == 1 || kStages == 2, "one or two K/V buffers");
+    static_assert(kSmemBytes <= 163 * 1024, "must fit an A100 (sm80) CTA's shared memory");
+    static_assert(kMTiles * (kNTiles + kDTiles) * 4 <= 192,
+                  "accumulators alone would exceed the register file of a thread");
+};
+
+// Per-head-dim choices (starting points from FlashAttention-2 on A100; to be tuned on H200,
+// see bench/NOTES_kernel_fwd.md). Shared memory per CTA in the comment.
+template <int HeadDim>
+struct FwdConfig;
+// 128 x 128, 4 warps (32 rows each): S 128 + O 32 floats per thread. 40 KB.
+template <> struct FwdConfig<32> { using Traits = FwdTraits<32, 128, 128, 4, 2>; };
+// 128 x 128, 4 warps: S 128 + O 64 floats. 80 KB.
+template <> struct FwdConfig<64> { using Traits = FwdTraits<64, 128, 64, 4, 2>; };
+// 128 x 64, 4 warps: S 64 + O 96 floats. 72 KB.
+template <> struct FwdConfig<96> { using Traits = FwdTraits<96, 128, 64, 4, 2>; };
+// 128 x 64, 4 warps: S 64 + O 128 floats. 96 KB (2 CTAs per H100/H200 SM).
+template <> struct FwdConfig<128> { using Traits = FwdTraits<128, 128, 64, 4, 2>; };
+// 128 x 64, 8 warps (16 rows each): S 32 + O 80 floats. 120 KB.
+template <> struct FwdConfig<160> { using Traits = FwdTraits<160, 128, 64, 8, 2>; };
+// 128 x 64, 8 warps: S 32 + O 96 floats. 144 KB.
+template <> struct FwdConfig<192> { using Traits = FwdTraits<192, 128, 64, 8, 2>; };
+// 128 x 64, 8 warps, single K/V buffers: S 32 + O 112 floats. 112 KB.
+template <> struct FwdConfig<224> { using Traits = FwdTraits<224, 128, 64, 8, 1>; };
+// 128 x 64, 8 warps, single K/V buffers: S 32 + O 128 floats. 128 KB.
+template <> struct FwdConfig<256> { using Traits = FwdTraits<256, 128, 64, 8, 1>; };
+
+}  // namespace sm80
+}  // namespace flash_cuda

@@ -1,0 +1,118 @@
+// Online softmax on mma.m16n8k16 accumulator fragments.
+//
+// Fragment ownership (see ptx.cuh): for every 16-row slice `mt` a thread holds rows g and g + 8
+// (g = lane / 4) -- index `half` 0 and 1 below -- and columns 2t, 2t + 1 (t = lane % 4) of
+// every 8-column tile. The four lanes of a quad (same g) together hold whole rows, so row
+// reductions need two butterfly shuffles (xor 1, xor 2) and no shared memory.
+//
+// Scores arrive in "S units": the softmax input is s * log2_scale in base 2, i.e. the final
+// natural-log score is s * log2_scale / log2(e). (log2_scale = softmax_scale * log2(e) for
+// plain attention; see fwd.cuh for softcap and ALiBi.) Per row and key block:
+//   m_new = max(m_old, max_j s_j)
+//   p_j   = 2^(s_j * log2_scale - m_new * log2_scale)       one FFMA + ex2 per element
+//   l     = l * 2^((m_old - m_new) * log2_scale) + sum_j p_j
+//   o     = o * 2^((m_old - m_new) * log2_scale)             (then o += P V)
+// Masked scores are -inf and give p = 0; a row whose scores are all -inf so far keeps
+// m = -inf and uses 0 as its exponent offset, so no inf - inf NaN appears. log2_scale > 0.
+// l is summed per thread and reduced over the quad only at the end.
+#pragma once
+
+#include <cmath>
+
+#include "kernels/ptx.cuh"
+
+namespace flash_cuda {
+
+__device__ __forceinline__ float quad_allreduce_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_allreduce_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <int kMTiles>
+struct OnlineSoftmax {
+    float row_max[kMTiles][2];  // running max of the row's scores (S units); -inf: none yet
+    float row_sum[kMTiles][2];  // this thread's part of sum_j 2^(s_j log2_scale - max log2_scale)
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                row_max[mt][half] = -INFINITY;
+                row_sum[mt][half] = 0.f;
+            }
+        }
+    }
+
+    // Folds one key block into the running statistics: turns the scores `s` (kMTiles x kNTiles
+    // x 4) into probabilities p (fp32, relative to the new row max) in place and rescales the
+    // output accumulator `o` (kMTiles x kDTiles x 4) to the new max.
+    template <int kNTiles, int kDTiles>
+    __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
+                                           float (&o)[kMTiles][kDTiles][4], float log2_scale) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                float block_max = row_max[mt][half];
+#pragma unroll
+                for (int nt = 0; nt < kNTiles; ++nt) {
+                    block_max = fmaxf(block_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+                }
+                const float new_max = quad_allreduce_max(block_max);
+                // Exponent offset of this row; 0 while the row has seen only masked keys.
+                const float max_scaled = new_max == -INFINITY ? 0.f : new_max * log2_scale;
+                // 0 when the old max was -inf (then o and l are 0 as well).
+                const float o_scale = ptx::exp2_approx(row_max[mt][half] * log2_scale - max_scaled);
+                row_max[mt][half] = new_max;
+                float block_sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                    for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                        const float p = ptx::exp2_approx(fmaf(s[mt][nt][e], log2_scale, -max_scaled));
+                        s[mt][nt][e] = p;
+                        block_sum += p;
+                    }
+                }
+                row_sum[mt][half] = row_sum[mt][half] * o_scale + block_sum;
+#pragma unroll
+                for (int dt = 0; dt < kDTiles; ++dt) {
+                    o[mt][dt][2 * half] *= o_scale;
+                    o[mt][dt][2 * half + 1] *= o_scale;
+                }
+            }
+        }
+    }
+
+    // End of the key loop: divides `o` by the row sums and returns each row's natural-log
+    // logsumexp in `lse`. Rows that saw no key (l = 0) get o = 0 and lse = +inf.
+    template <int kDTiles>
+    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kDTiles][4],
+                                             float (&lse)[kMTiles][2], float log2_scale) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const float sum = quad_allreduce_sum(row_sum[mt][half]);
+                const bool empty = !(sum > 0.f);  // also catches NaN
+                const float inv_sum = empty ? 0.f : 1.f / sum;
+                lse[mt][half] = empty ? INFINITY
+                                      : (row_max[mt][half] * log2_scale + __log2f(sum)) *
+                                            static_cast<float>(M_LN2);
+#pragma unroll
+                for (int dt = 0; dt < kDTiles; ++dt) {
+                    o[mt][dt][2 * half] *= inv_sum;
+                    o[mt][dt][2 * half + 1] *= inv_sum;
+                }
+            }
+        }
+    }
+};
+
+}  // namespace flash_cuda

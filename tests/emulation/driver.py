@@ -1,0 +1,140 @@
+"""Python side of the CPU emulation of the sm80 forward kernel (see README.md here).
+
+`run_fwd_emulated(q, k, v, ...)` pads the head dim to a multiple of 8, writes the inputs (raw
+storage + strides, so non-contiguous views are passed as they are), runs the emulator binary
+for the kernel head dim, and returns (out, lse) like the fwd / varlen_fwd ops.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+KERNEL_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)
+CUDA_INCLUDE = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+
+
+def kernel_head_dim(d: int) -> int:
+    return next(hd for hd in KERNEL_HEAD_DIMS if d <= hd)
+
+
+def sources() -> list[pathlib.Path]:
+    return sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h")) + sorted(HERE.glob("kernels/*")) + \
+        sorted((ROOT / "csrc" / "kernels").rglob("*.cuh")) + sorted((ROOT / "csrc" / "kernels").rglob("*.h"))
+
+
+def build_dir() -> pathlib.Path:
+    d = pathlib.Path(os.environ.get("FLASH_CUDA_EMU_BUILD", ROOT / "build" / "emulation"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def emulator_binary(head_dim: int) -> pathlib.Path:
+    """Builds (if stale) and returns the emulator for one kernel head dim."""
+    exe = build_dir() / f"fwd_emulated_hdim{head_dim}"
+    newest = max(p.stat().st_mtime for p in sources())
+    if exe.exists() and exe.stat().st_mtime >= newest:
+        return exe
+    cmd = [
+        os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-pthread", f"-DEMU_HEAD_DIM={head_dim}",
+        "-include", str(HERE / "prelude.h"), f"-I{HERE}", f"-I{ROOT / 'csrc'}", f"-I{CUDA_INCLUDE}",
+        str(HERE / "fwd_emulated.cpp"), "-o", str(exe) + ".tmp",
+    ]
+    subprocess.run(cmd, check=True)
+    os.replace(str(exe) + ".tmp", exe)
+    return exe
+
+
+def _write_storage(path: pathlib.Path, t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage())
+    flat.view(torch.int16).numpy().tofile(path)
+    return t.storage_offset(), t.stride()
+
+
+def pad8(t: torch.Tensor) -> torch.Tensor:
+    d = t.shape[-1]
+    return t if d % 8 == 0 else torch.nn.functional.pad(t, (0, 8 - d % 8))
+
+
+def normalize_mask(causal: bool, left: int, right: int, seqlen_k: int):
+    """csrc/checks.cpp normalize_mask (flash_attn's host rule)."""
+    if left >= seqlen_k:
+        left = -1
+    if right >= seqlen_k:
+        right = -1
+    if causal:
+        right = 0
+    if left < 0 and right == 0:
+        causal = True
+    return causal, left, right
+
+
+def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0,
+                     alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                     max_seqlen_k=None, seqused_k=None, timeout=1800):
+    """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd."""
+    varlen = cu_seqlens_q is not None
+    d = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = d ** -0.5
+    q, k, v = pad8(q), pad8(k), pad8(v)
+    dp = q.shape[-1]
+    hd = kernel_head_dim(dp)
+    if varlen:
+        b = cu_seqlens_q.numel() - 1
+        sq, sk = int(max_seqlen_q), int(max_seqlen_k)
+        total_q, h = q.shape[0], q.shape[1]
+        hk = k.shape[1]
+    else:
+        b, sq, h = q.shape[0], q.shape[1], q.shape[2]
+        sk, hk = k.shape[1], k.shape[2]
+        total_q = 0
+    causal, left, right = normalize_mask(causal, window[0], window[1], sk)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="flash_emu_"))
+    try:
+        params = {
+            "dtype": "bf16" if q.dtype == torch.bfloat16 else "fp16", "hdim": hd, "b": b, "h": h,
+            "hk": hk, "sq": sq, "sk": sk, "d": dp, "total_q": total_q, "scale": repr(float(softmax_scale)),
+            "softcap": repr(float(softcap)), "window_left": left, "window_right": right,
+            "causal": int(causal),
+        }
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            offset, strides = _write_storage(tmp / f"{name}.bin", t)
+            params[f"{name}_offset"] = offset
+            if varlen:
+                params[f"{name}_batch_stride"] = 0
+                params[f"{name}_row_stride"], params[f"{name}_head_stride"] = strides[0], strides[1]
+            else:
+                (params[f"{name}_batch_stride"], params[f"{name}_row_stride"],
+                 params[f"{name}_head_stride"]) = strides[0], strides[1], strides[2]
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.float().contiguous()
+            slopes.numpy().tofile(tmp / "alibi.bin")
+            params["alibi_batch_stride"] = slopes.stride(0) if slopes.dim() == 2 else 0
+        if varlen:
+            cu_seqlens_q.int().numpy().tofile(tmp / "cu_seqlens_q.bin")
+            cu_seqlens_k.int().numpy().tofile(tmp / "cu_seqlens_k.bin")
+        if seqused_k is not None:
+            seqused_k.int().numpy().tofile(tmp / "seqused_k.bin")
+        (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))
+        subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout)
+        out_raw = torch.from_file(str(tmp / "o.bin"), size=(tmp / "o.bin").stat().st_size // 2,
+                                  dtype=torch.int16).clone().view(q.dtype)
+        lse = torch.from_file(str(tmp / "lse.bin"), size=(tmp / "lse.bin").stat().st_size // 4,
+                              dtype=torch.float32).clone()
+        if varlen:
+            out = out_raw.view(total_q, h, dp)[..., :d]
+            lse = lse.view(h, total_q)
+        else:
+            out = out_raw.view(b, sq, h, dp)[..., :d]
+            lse = lse.view(b, h, sq)
+        return out, lse
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

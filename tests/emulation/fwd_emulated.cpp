@@ -1,0 +1,196 @@
+// Runs the sm80 forward kernel (csrc/kernels/sm80/fwd.cuh) on the CPU emulator (prelude.h).
+//
+//   fwd_emulated CASE_DIR
+// CASE_DIR/params.txt: "key value" lines (see read_case); q.bin, k.bin, v.bin: raw 16-bit
+// storage of the inputs (strides in params.txt); optional alibi.bin (fp32), cu_seqlens_q.bin,
+// cu_seqlens_k.bin, seqused_k.bin (int32). Writes CASE_DIR/o.bin (contiguous, d_padded
+// columns) and lse.bin (fp32). Exit status 0 on success; an out-of-bounds access aborts.
+// Output buffers have guard zones filled with a sentinel, checked after the run.
+// Build with -DEMU_HEAD_DIM=<kernel head dim> (one head dim per binary keeps compiles short).
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "kernels/sm80/fwd.cuh"
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 gridDim;
+
+namespace {
+
+using flash_cuda::FwdParams;
+
+std::vector<unsigned char> read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return {};
+    return std::vector<unsigned char>(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_file(const std::string& path, const void* data, size_t bytes) {
+    std::ofstream f(path, std::ios::binary);
+    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+
+constexpr size_t kGuardBytes = 4096;
+constexpr unsigned char kGuardByte = 0xA5;
+
+// A buffer with guard zones on both sides (to catch out-of-bounds writes).
+struct GuardedBuffer {
+    std::vector<unsigned char> bytes;
+    size_t size;
+    explicit GuardedBuffer(size_t n, unsigned char fill) : bytes(n + 2 * kGuardBytes + 16, kGuardByte), size(n) {
+        std::fill(data(), data() + n, fill);
+    }
+    unsigned char* data() {
+        // 16-byte aligned start after the front guard.
+        auto p = reinterpret_cast<uintptr_t>(bytes.data() + kGuardBytes);
+        return reinterpret_cast<unsigned char*>((p + 15) & ~uintptr_t(15));
+    }
+    bool guards_intact() {
+        unsigned char* d = data();
+        for (unsigned char* p = bytes.data(); p < d; ++p) if (*p != kGuardByte) return false;
+        for (unsigned char* p = d + size; p < bytes.data() + bytes.size(); ++p) if (*p != kGuardByte) return false;
+        return true;
+    }
+};
+
+// Input storage, 16-byte aligned, registered as readable.
+struct Input {
+    std::vector<unsigned char> raw;
+    unsigned char* data = nullptr;
+    size_t size = 0;
+    bool load(const std::string& path) {
+        if (!std::ifstream(path)) return false;
+        std::vector<unsigned char> file = read_file(path);
+        raw.assign(file.size() + 16, 0);
+        auto p = reinterpret_cast<uintptr_t>(raw.data());
+        data = reinterpret_cast<unsigned char*>((p + 15) & ~uintptr_t(15));
+        std::memcpy(data, file.data(), file.size());
+        size = file.size();
+        emu::readable_ranges().push_back({data, size});
+        return true;
+    }
+};
+
+template <typename Element, bool Causal>
+void run(FwdParams& params) {
+    using Traits = typename flash_cuda::sm80::FwdConfig<EMU_HEAD_DIM>::Traits;
+    const int num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    const dim3 grid(num_m_blocks, params.b, params.h);
+    // Same variant choice as csrc/kernels/sm80/fwd_launch.cuh.
+    const bool has_softcap = params.softcap > 0.f;
+    const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
+                           (!has_softcap && !(params.scale_softmax > 0.f));
+    auto go = [&](auto kernel) {
+        emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] { kernel(params); });
+    };
+    using namespace flash_cuda::sm80;
+    if (has_softcap && has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, true>);
+    else if (has_softcap) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, false, true>);
+    else if (has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, false>);
+    else go(&mha_fwd_sm80_kernel<Element, Traits, Causal, false, false>);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s CASE_DIR\n", argv[0]);
+        return 2;
+    }
+    const std::string dir = argv[1];
+    std::map<std::string, std::string> kv;
+    {
+        std::ifstream f(dir + "/params.txt");
+        std::string key, value;
+        while (f >> key >> value) kv[key] = value;
+    }
+    auto geti = [&](const char* k) { return std::stoll(kv.at(k)); };
+    auto getf = [&](const char* k) { return std::stof(kv.at(k)); };
+
+    if (geti("hdim") != EMU_HEAD_DIM) {
+        std::fprintf(stderr, "binary built for head dim %d, case wants %lld\n", EMU_HEAD_DIM, geti("hdim"));
+        return 2;
+    }
+    Input q, k, v, alibi, cu_q, cu_k, used_k;
+    if (!q.load(dir + "/q.bin") || !k.load(dir + "/k.bin") || !v.load(dir + "/v.bin")) {
+        std::fprintf(stderr, "missing q/k/v\n");
+        return 2;
+    }
+    const bool has_alibi = alibi.load(dir + "/alibi.bin");
+    const bool varlen = cu_q.load(dir + "/cu_seqlens_q.bin");
+    if (varlen) cu_k.load(dir + "/cu_seqlens_k.bin");
+    const bool has_used = used_k.load(dir + "/seqused_k.bin");
+
+    FwdParams p{};
+    p.q_ptr = q.data + geti("q_offset") * 2;
+    p.k_ptr = k.data + geti("k_offset") * 2;
+    p.v_ptr = v.data + geti("v_offset") * 2;
+    p.q_batch_stride = geti("q_batch_stride");
+    p.k_batch_stride = geti("k_batch_stride");
+    p.v_batch_stride = geti("v_batch_stride");
+    p.q_row_stride = geti("q_row_stride");
+    p.k_row_stride = geti("k_row_stride");
+    p.v_row_stride = geti("v_row_stride");
+    p.q_head_stride = geti("q_head_stride");
+    p.k_head_stride = geti("k_head_stride");
+    p.v_head_stride = geti("v_head_stride");
+    p.b = geti("b");
+    p.h = geti("h");
+    p.h_k = geti("hk");
+    p.h_h_k_ratio = p.h / p.h_k;
+    p.seqlen_q = geti("sq");  // varlen: max
+    p.seqlen_k = geti("sk");
+    p.d = geti("d");
+    p.d_rounded = EMU_HEAD_DIM;
+    p.total_q = geti("total_q");
+    p.scale_softmax = getf("scale");
+    p.scale_softmax_log2 = p.scale_softmax * static_cast<float>(M_LOG2E);
+    p.softcap = getf("softcap");
+    p.window_size_left = geti("window_left");
+    p.window_size_right = geti("window_right");
+    p.is_causal = geti("causal") != 0;
+    p.is_bf16 = kv.at("dtype") == "bf16";
+    p.num_splits = 1;
+    if (has_alibi) {
+        p.alibi_slopes_ptr = alibi.data;
+        p.alibi_slopes_batch_stride = geti("alibi_batch_stride");
+    }
+    if (varlen) {
+        p.cu_seqlens_q = reinterpret_cast<int*>(cu_q.data);
+        p.cu_seqlens_k = reinterpret_cast<int*>(cu_k.data);
+        p.unpadded_lse = true;
+    }
+    if (has_used) p.seqused_k = reinterpret_cast<int*>(used_k.data);
+    p.is_seqlens_k_cumulative = true;
+
+    // Output: contiguous (b, sq, h, d) or (total_q, h, d); lse (b, h, sq) or (h, total_q).
+    const long long rows = varlen ? p.total_q : static_cast<long long>(p.b) * p.seqlen_q;
+    const size_t o_elems = static_cast<size_t>(rows) * p.h * p.d;
+    const size_t lse_elems = varlen ? static_cast<size_t>(p.h) * p.total_q
+                                    : static_cast<size_t>(p.b) * p.h * p.seqlen_q;
+    GuardedBuffer o(o_elems * 2, 0xFF), lse(lse_elems * 4, 0xFF);  // NaN-filled
+    p.o_ptr = o.data();
+    p.o_row_stride = static_cast<int64_t>(p.h) * p.d;
+    p.o_head_stride = p.d;
+    p.o_batch_stride = varlen ? 0 : static_cast<int64_t>(p.seqlen_q) * p.h * p.d;
+    p.softmax_lse_ptr = reinterpret_cast<float*>(lse.data());
+
+    if (p.seqlen_q > 0 && p.b > 0) {
+        const bool causal = p.is_causal;
+        if (p.is_bf16) {
+            causal ? run<__nv_bfloat16, true>(p) : run<__nv_bfloat16, false>(p);
+        } else {
+            causal ? run<__half, true>(p) : run<__half, false>(p);
+        }
+    }
+    if (!o.guards_intact() || !lse.guards_intact()) {
+        std::fprintf(stderr, "emulation error: write outside o / lse\n");
+        return 3;
+    }
+    write_file(dir + "/o.bin", o.data(), o.size);
+    write_file(dir + "/lse.bin", lse.data(), lse.size);
+    return 0;
+}

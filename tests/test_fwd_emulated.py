@@ -1,0 +1,97 @@
+"""The sm80 forward kernel source run on the CPU emulator (tests/emulation), against the same
+oracle and rules as the GPU tests (tests/test_fwd_gpu.py). Checks index math, swizzles,
+fragment layouts, masking, the online softmax, GQA, varlen and strides without a GPU; not
+timing, asynchrony or the real instructions' rounding. Needs g++ (C++20) and the CUDA headers;
+builds one emulator per kernel head dim into build/emulation (about 15 s each).
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+import random
+import shutil
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
+
+from driver import CUDA_INCLUDE, run_fwd_emulated  # noqa: E402
+from test_fwd_gpu import (  # noqa: E402
+    FEATURES, assert_close_to_oracle, case_id, feature_options, grid_case_inputs, sampled_cases)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("g++") is None or not (CUDA_INCLUDE / "cuda_fp16.h").exists(),
+                       reason="needs g++ and the CUDA headers"),
+]
+
+# The grid cases small enough for the emulator: the full feature x head dim coverage at
+# (113, 203) and the sampled (1, 1), (1, 239) cases.
+EMULATED_CASES = [c for c in sampled_cases() if c[2] in ((113, 203), (1, 1), (1, 239))]
+
+
+@pytest.mark.parametrize("case", EMULATED_CASES, ids=case_id)
+def test_fwd_grid_emulated(case):
+    q, k, v, opts = grid_case_inputs(case, device="cpu")
+    out, lse = run_fwd_emulated(q, k, v, **opts)
+    assert_close_to_oracle(out, lse, q, k, v, **opts)
+
+
+@pytest.mark.parametrize("layout", ("packed_qkv", "transposed"))
+def test_non_contiguous_emulated(layout):
+    b, sq, sk, h, hk, d = 2, 70, 90, 4, 2, 64
+    if layout == "packed_qkv":
+        qkv = torch.randn(b, sq, 3, h, d, dtype=torch.float16)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    else:
+        q = torch.randn(b, h, sq, d, dtype=torch.float16).transpose(1, 2)
+        k = torch.randn(b, hk, sk, d, dtype=torch.float16).transpose(1, 2)
+        v = torch.randn(b, hk, sk, d, dtype=torch.float16).transpose(1, 2)
+    out, lse = run_fwd_emulated(q, k, v, causal=True)
+    assert_close_to_oracle(out, lse, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("scale", (-0.3, 0.0))
+def test_non_positive_scale_emulated(scale):
+    q, k, v = (torch.randn(1, n, 2, 64, dtype=torch.bfloat16) for n in (40, 70, 70))
+    out, lse = run_fwd_emulated(q, k, v, softmax_scale=scale, window=(9, 4))
+    assert_close_to_oracle(out, lse, q, k, v, softmax_scale=scale, window=(9, 4))
+
+
+def test_seqlen_k_zero_emulated():
+    q = torch.randn(2, 37, 4, 64, dtype=torch.float16)
+    k = v = torch.empty(2, 0, 2, 64, dtype=torch.float16)
+    out, lse = run_fwd_emulated(q, k, v)
+    assert torch.equal(out, torch.zeros_like(q)) and torch.isposinf(lse).all()
+
+
+@pytest.mark.parametrize("d", (64, 96, 128))
+@pytest.mark.parametrize("feature", FEATURES)
+def test_varlen_emulated(d, feature):
+    rng = random.Random(d * 10 + FEATURES.index(feature))
+    b, hk, h = 4, 1, 4
+    lens_q = [1] + [rng.randint(1, 150) for _ in range(b - 1)]
+    lens_k = [rng.randint(1, 150) for _ in range(b - 2)] + [1, 0]
+    rng.shuffle(lens_k)
+    used = [rng.randint(0, n) for n in lens_k] if feature == "plain" else None
+    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), h, d, dtype=torch.float16)
+    k = torch.randn(sum(lens_k), hk, d, dtype=torch.float16)
+    v = torch.randn(sum(lens_k), hk, d, dtype=torch.float16)
+    opts = feature_options(feature, max(lens_q), max(lens_k), b, h, rng, device="cpu")
+    out, lse = run_fwd_emulated(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+        max_seqlen_k=max(lens_k), seqused_k=None if used is None else torch.tensor(used), **opts)
+    for i in range(b):
+        qs, qe, ks = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item()
+        ke = ks + (used[i] if used is not None else lens_k[i])
+        seq_opts = dict(opts)
+        slopes = seq_opts.get("alibi_slopes")
+        if slopes is not None and slopes.dim() == 2:
+            seq_opts["alibi_slopes"] = slopes[i]
+        assert_close_to_oracle(out[None, qs:qe], lse[None, :, qs:qe], q[None, qs:qe],
+                               k[None, ks:ke], v[None, ks:ke], **seq_opts)
