@@ -9,6 +9,7 @@
 #   FLASH_CUDA_HEADDIMS  kernel head dims to build ("64,128"; default all)   FLASH_CUDA_ARCHS (90a)
 #   SKIP_BUILD=1  SKIP_TESTS=1  SKIP_BENCH=1     leave a step out
 #   GPU_TESTS     pytest selection, e.g. "tests/test_fwd_gpu.py -k hdim128" (default: tests)
+#   PYTEST_MAXFAIL (1)  stop after this many failing tests
 #   PYTEST_TIMEOUT (420)  BUILD_TIMEOUT (480)  BENCH_TIMEOUT (540)   seconds per step
 #   BENCH_ARGS    arguments of bench/bench_attention.py (default: --quick; --full: the grid)
 #   DEADLINE      seconds from the start by which everything must be done (default 585: one
@@ -66,7 +67,7 @@ fi
 if want "${SKIP_TESTS:-0}" tests "${PYTEST_TIMEOUT:-420}"; then
     eval "selection=(${GPU_TESTS:-tests})"
     echo "== tests: ${selection[*]} (timeout ${t}s)"
-    timeout "$t" python3 -m pytest "${selection[@]}" -m gpu -x -q -p no:cacheprovider \
+    timeout "$t" python3 -m pytest "${selection[@]}" -m gpu --maxfail="${PYTEST_MAXFAIL:-1}" -q -p no:cacheprovider \
         -o faulthandler_timeout=120 > "$OUT/tests.log" 2>&1
     rc=$?
     line=$(grep -E 'passed|failed|error|skipped|deselected|no tests ran' "$OUT/tests.log" | tail -1)
