@@ -6,6 +6,8 @@ Environment:
   FLASH_CUDA_HEADDIMS  ','-separated kernel head dims to build, e.g. "64,128" (default: all;
                        "none" builds no attention kernels: CPU path and small CUDA kernels only).
   FLASH_CUDA_PTXAS_VERBOSE=1   print the register/shared-memory/spill report of every kernel.
+  FLASH_CUDA_FWD_TUNING=1      also compile the forward tile variants (kernels/sm80/tune_configs.h),
+                               chosen at run time with FLASH_CUDA_FWD_TILE=<n> (developers).
   MAX_JOBS             parallel compile jobs (ninja).
   CUDA_HOME            the CUDA toolkit (on a machine without a GPU: /usr/local/cuda).
 The rules that read them live in csrc/build_config.py (shared with tests/test_build.py).
@@ -46,6 +48,8 @@ def extensions():
     ] + gencode_flags(archs) + defines
     if os.environ.get("FLASH_CUDA_PTXAS_VERBOSE") == "1":
         nvcc += ["-Xptxas=-v", "-Xptxas=-warn-spills"]
+    if os.environ.get("FLASH_CUDA_FWD_TUNING") == "1":
+        nvcc += ["-DFLASH_CUDA_FWD_TUNING"]  # tile variants of kernels/sm80/tune_configs.h
     print(f"flash_cuda: archs {archs}, head dims {dims or 'none'}", file=sys.stderr)
     return [
         CUDAExtension(

@@ -13,6 +13,8 @@
 #include "reference/reference.h"
 #include "rng.h"
 
+#include <cstdlib>
+
 namespace flash_cuda {
 namespace {
 
@@ -147,6 +149,16 @@ bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim, double dropout_p,
            !return_softmax;
 }
 
+// Tuning builds (FLASH_CUDA_FWD_TUNING=1 at build time): FLASH_CUDA_FWD_TILE picks a tile
+// configuration of kernels/sm80/tune_configs.h; ignored otherwise. Read once.
+int fwd_tile_variant() {
+    static const int variant = [] {
+        const char* env = std::getenv("FLASH_CUDA_FWD_TILE");
+        return env == nullptr ? 0 : std::atoi(env);
+    }();
+    return variant;
+}
+
 reference::AttnOptions make_options(double softmax_scale, const MaskArgs& mask, double softcap,
                                     const OptTensor& alibi_slopes, double dropout_p,
                                     const PhiloxSeed& seed) {
@@ -210,6 +222,7 @@ void set_fwd_params(FwdParams& p, const AttnDims& dims, const at::Tensor& q, con
     p.p_keep = 1.0f;
     p.rp_keep = 1.0f;
     p.p_keep_threshold = 65536u;
+    p.tile_variant = fwd_tile_variant();
     if (alibi_slopes.has_value()) {
         p.alibi_slopes_ptr = alibi_slopes->data_ptr();
         p.alibi_slopes_batch_stride = alibi_slopes->dim() == 2 ? alibi_slopes->stride(0) : 0;

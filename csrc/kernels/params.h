@@ -115,6 +115,9 @@ struct FwdParams : public QKVParams {
     bool unpadded_lse;  // lse laid out (h, total_q) (varlen)
 
     int num_splits;  // split-KV count (1 = no split)
+
+    // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.
+    int tile_variant;
 };
 
 struct BwdParams : public FwdParams {

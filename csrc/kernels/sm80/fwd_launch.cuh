@@ -14,13 +14,16 @@
 #include "kernels/params.h"
 #include "kernels/sm80/fwd.cuh"
 #include "kernels/sm80/traits.h"
+#include "kernels/sm80/tune_configs.h"
 #include "kernels/static_switch.h"
 
 namespace flash_cuda {
 
-template <typename Element, int HeadDim, bool Causal>
-void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
-    using Traits = typename sm80::FwdConfig<HeadDim>::Traits;
+namespace sm80 {
+
+// Launches the kernel with one tile configuration.
+template <typename Element, typename Traits, bool Causal>
+void launch_fwd(FwdParams& params, cudaStream_t stream) {
     const int num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
     if (num_m_blocks <= 0 || params.b <= 0 || params.h <= 0) return;
     if (params.b > 65535 || params.h > 65535) {
@@ -53,6 +56,35 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
             FLASH_CUDA_CHECK_LAUNCH();
         });
     });
+}
+
+// Tuning builds: the variant params.tile_variant of tune_configs.h, if it exists for HeadDim.
+template <typename Element, int HeadDim, bool Causal, int Variant = 1>
+bool launch_tile_variant(FwdParams& params, cudaStream_t stream) {
+    if constexpr (Variant < kNumTileVariants) {
+        if constexpr (FwdTuneConfig<HeadDim, Variant>::kExists) {
+            if (params.tile_variant == Variant) {
+                launch_fwd<Element, typename FwdTuneConfig<HeadDim, Variant>::Traits, Causal>(
+                    params, stream);
+                return true;
+            }
+        }
+        return launch_tile_variant<Element, HeadDim, Causal, Variant + 1>(params, stream);
+    }
+    return false;
+}
+
+}  // namespace sm80
+
+template <typename Element, int HeadDim, bool Causal>
+void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
+#ifdef FLASH_CUDA_FWD_TUNING
+    if (params.tile_variant != 0 &&
+        sm80::launch_tile_variant<Element, HeadDim, Causal>(params, stream)) {
+        return;
+    }
+#endif
+    sm80::launch_fwd<Element, typename sm80::FwdConfig<HeadDim>::Traits, Causal>(params, stream);
 }
 
 }  // namespace flash_cuda

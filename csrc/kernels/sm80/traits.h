@@ -51,7 +51,7 @@ struct FwdTraits {
     static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row slices");
     static_assert(kBlockN % 16 == 0, "key block: whole k16 steps of the PV product");
     static_assert(kStages == 1 || kStages == 2, "one or two K/V buffers");
-    static_assert(kSmemBytes <= 163 * 1024, "must fit an A100 (sm80) CTA's shared memory");
+    static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
     static_assert(kMTiles * (kNTiles + kDTiles) * 4 <= 192,
                   "accumulators alone would exceed the register file of a thread");
 };

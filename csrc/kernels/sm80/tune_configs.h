@@ -1,0 +1,33 @@
+// Alternative tile configurations of the sm80 forward kernel, for tuning on a GPU. Compiled only
+// in tuning builds (FLASH_CUDA_FWD_TUNING=1 at build time defines FLASH_CUDA_FWD_TUNING) and
+// selected at run time with FLASH_CUDA_FWD_TILE=<variant> (0, the default, is FwdConfig).
+// A variant that wins becomes the FwdConfig of its head dim (traits.h), with the numbers that
+// chose it in bench/NOTES.md. Shared memory above the A100's 163 KB is allowed here: the launch
+// reports it on a GPU that cannot reserve it.
+#pragma once
+
+#include "kernels/sm80/traits.h"
+
+namespace flash_cuda {
+namespace sm80 {
+
+constexpr int kNumTileVariants = 4;  // 0 = FwdConfig, 1..3 below where defined
+
+template <int HeadDim, int Variant>
+struct FwdTuneConfig {
+    static constexpr bool kExists = false;  // falls back to FwdConfig
+};
+
+//                                   FwdTraits<HeadDim, BlockM, BlockN, NWarps, Stages>
+template <> struct FwdTuneConfig<64, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<64, 64, 64, 4, 2>; };
+template <> struct FwdTuneConfig<64, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<64, 128, 128, 4, 2>; };
+template <> struct FwdTuneConfig<64, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<64, 128, 128, 8, 2>; };
+template <> struct FwdTuneConfig<128, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<128, 64, 64, 4, 2>; };
+template <> struct FwdTuneConfig<128, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<128, 128, 128, 8, 2>; };
+template <> struct FwdTuneConfig<128, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<128, 128, 32, 4, 2>; };
+template <> struct FwdTuneConfig<256, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 64, 64, 4, 2>; };
+template <> struct FwdTuneConfig<256, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 128, 64, 8, 2>; };
+template <> struct FwdTuneConfig<256, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 64, 32, 4, 2>; };
+
+}  // namespace sm80
+}  // namespace flash_cuda
