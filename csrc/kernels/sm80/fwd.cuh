@@ -76,8 +76,10 @@ struct SequenceInfo {
     }
 };
 
-// Mask values shared by the CTA (see the kernel).
-struct MaskScalars {
+// Values shared by the CTA and needed only now and then in the main loop (see the kernel).
+struct CtaScalars {
+    const void* k_seq;        // key 0 of this sequence and KV head in k / v
+    const void* v_seq;
     int unmasked_keys_begin;  // key blocks inside [begin, end) for every row need no mask
     int unmasked_keys_end;
     int diag;                 // seqlen_k - seqlen_q
@@ -183,12 +185,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int m0 = m_block * kBlockM;  // first query row of this CTA
 
     int n_block_min, n_block_max;      // key blocks some row of the tile can see
-    // CTA-wide mask scalars, read only where needed. They live in shared memory rather than in
-    // registers: they come from global loads (cu_seqlens), so they would occupy per-thread
-    // registers through the whole loop, where the accumulators need every register.
-    static_assert(sizeof(MaskScalars) <= Traits::kSmemScalarsBytes, "scalars area too small");
-    MaskScalars& mask_scalars = *reinterpret_cast<MaskScalars*>(smem + Traits::kSmemScalarsOffset);
-    const Element* k_seq;              // key 0 of this sequence and KV head
+    // CTA-wide scalars read only now and then in the main loop. They live in shared memory
+    // rather than in registers: they derive from global loads (cu_seqlens), so they would take
+    // per-thread registers through the whole loop, where the accumulators need every register.
+    // Written by thread 0, visible to all after the first barrier of the main loop.
+    static_assert(sizeof(CtaScalars) <= Traits::kSmemScalarsBytes, "scalars area too small");
+    CtaScalars& cta = *reinterpret_cast<CtaScalars*>(smem + Traits::kSmemScalarsOffset);
+    const Element* k_seq;              // key 0 of this sequence and KV head (prologue only)
     const Element* v_seq;
     int seqlen_k;
     {
@@ -214,11 +217,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Blocks inside every tile row's visible range need no mask: keys [n kBlockN,
         // (n+1) kBlockN) with (n+1) kBlockN <= key_end(first row), n kBlockN >= key_begin(last).
         if (tid == 0) {
-            mask_scalars.unmasked_keys_end = mask.key_end(m0);
-            mask_scalars.unmasked_keys_begin = mask.key_begin(m0 + kBlockM - 1);
-            mask_scalars.key_range = KeyRange::make(mask);
-            mask_scalars.diag = mask.diag;
-        }  // visible to all threads after the first barrier of the main loop
+            cta.unmasked_keys_end = mask.key_end(m0);
+            cta.unmasked_keys_begin = mask.key_begin(m0 + kBlockM - 1);
+            cta.key_range = KeyRange::make(mask);
+            cta.diag = mask.diag;
+        }
 
         // ---- No visible key for any row of the tile (seqlen_k = 0, causal with seqlen_q >
         // seqlen_k, windows past the end): out = 0, lse = +inf.
@@ -241,6 +244,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 kv_head * params.k_head_stride;
         v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
                 kv_head * params.v_head_stride;
+        if (tid == 0) {
+            cta.k_seq = k_seq;
+            cta.v_seq = v_seq;
+        }
     }
 
     // ---- Score units: final score = s * score_scale (+ ALiBi); softmax exponent factor.
@@ -258,28 +265,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const int n_iters = n_block_max - n_block_min;
     // K / V tiles of iteration `it` (key block n_block_max - 1 - it) into buffer it % kStages.
-    auto load_k = [&](int it) {
+    // k_base / v_base: key 0 of the sequence (k_seq / v_seq, or their copies in `cta`).
+    auto load_k = [&](int it, const Element* k_base) {
         const int n_block = n_block_max - 1 - it;
         KVCopy::load_async(
             smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
-            k_seq + static_cast<int64_t>(n_block) * kBlockN * params.k_row_stride,
+            k_base + static_cast<int64_t>(n_block) * kBlockN * params.k_row_stride,
             params.k_row_stride, seqlen_k - n_block * kBlockN, params.d, tid);
     };
-    auto load_v = [&](int it) {
+    auto load_v = [&](int it, const Element* v_base) {
         const int n_block = n_block_max - 1 - it;
         KVCopy::load_async(
             smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
-            v_seq + static_cast<int64_t>(n_block) * kBlockN * params.v_row_stride,
+            v_base + static_cast<int64_t>(n_block) * kBlockN * params.v_row_stride,
             params.v_row_stride, seqlen_k - n_block * kBlockN, params.d, tid);
     };
 
     // ---- Prologue: Q (issued above) with K of the first block, then (double buffering) V0, K1.
-    load_k(0);
+    load_k(0, k_seq);
     ptx::cp_async_commit();
     if constexpr (kStages == 2) {
-        load_v(0);
+        load_v(0, v_seq);
         ptx::cp_async_commit();
-        if (n_iters > 1) load_k(1);
+        if (n_iters > 1) load_k(1, k_seq);
         ptx::cp_async_commit();
     }
 
@@ -303,7 +311,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // K of this block has landed (and every warp is done with the buffers refilled next).
         ptx::cp_async_wait<kGroupsInFlight>();
         __syncthreads();
-        if (it + kStages - 1 < n_iters) load_v(it + kStages - 1);
+        if (it + kStages - 1 < n_iters) {
+            load_v(it + kStages - 1, static_cast<const Element*>(cta.v_seq));
+        }
         ptx::cp_async_commit();
 
         float acc_s[kMTiles][kNTiles][4];
@@ -324,11 +334,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int frag_row0 = ptx::opaque(m0 + warp_row0 + lane / 4);
         const int frag_col0 = n_block * kBlockN + 2 * (lane % 4);
         if constexpr (HasAlibi) {
-            apply_alibi(acc_s, score_scale, alibi_slope, frag_row0 + mask_scalars.diag, frag_col0);
+            apply_alibi(acc_s, score_scale, alibi_slope, frag_row0 + cta.diag, frag_col0);
         }
-        const bool block_needs_mask = (n_block + 1) * kBlockN > mask_scalars.unmasked_keys_end ||
-                                      n_block * kBlockN < mask_scalars.unmasked_keys_begin;
-        if (block_needs_mask) apply_mask(acc_s, mask_scalars.key_range, frag_row0, frag_col0);
+        const bool block_needs_mask = (n_block + 1) * kBlockN > cta.unmasked_keys_end ||
+                                      n_block * kBlockN < cta.unmasked_keys_begin;
+        if (block_needs_mask) apply_mask(acc_s, cta.key_range, frag_row0, frag_col0);
 
         softmax.update(acc_s, acc_o, log2_scale);
         // (Dropout would be applied to acc_s here, after the row sums.)
@@ -338,7 +348,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // V of this block has landed; every warp is done reading this block's K buffer.
         ptx::cp_async_wait<kGroupsInFlight>();
         __syncthreads();
-        if (it + kStages < n_iters) load_k(it + kStages);
+        if (it + kStages < n_iters) load_k(it + kStages, static_cast<const Element*>(cta.k_seq));
         ptx::cp_async_commit();
 
         warp_gemm_pv<Element, Traits>(acc_o, p_frag, smem_v + slot * Traits::kSmemKVTileBytes, lane);

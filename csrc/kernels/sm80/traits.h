@@ -42,7 +42,7 @@ struct FwdTraits {
     static constexpr int kSmemKVTileBytes = KVTile::kBytes;
     static constexpr int kSmemKOffset = kSmemQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kSmemKVTileBytes;
-    // A few CTA-wide scalars (fwd.cuh: MaskScalars) after the tiles.
+    // A few CTA-wide scalars (fwd.cuh: CtaScalars) after the tiles.
     static constexpr int kSmemScalarsOffset = kSmemVOffset + kStages * kSmemKVTileBytes;
     static constexpr int kSmemScalarsBytes = 128;
     static constexpr int kSmemBytes = kSmemScalarsOffset + kSmemScalarsBytes;
@@ -56,23 +56,27 @@ struct FwdTraits {
                   "accumulators alone would exceed the register file of a thread");
 };
 
-// Per-head-dim choices (starting points from FlashAttention-2 on A100; to be tuned on H200,
-// see bench/NOTES_kernel_fwd.md). Shared memory per CTA in the comment.
+// Per-head-dim choices: starting points (FlashAttention-2's A100 tiles, adjusted so that no
+// kernel spills registers on sm_90a), to be tuned on the H200 (bench/NOTES_kernel_fwd.md).
+// Per thread: S and O accumulator floats; per CTA: dynamic shared memory.
+// With 4 warps each warp owns 32 rows (2 slices of 16), so every K/V fragment read from shared
+// memory feeds two mma; 8 warps (16 rows each) for d >= 160 keep the O accumulator in registers.
 template <int HeadDim>
 struct FwdConfig;
-// 128 x 128, 4 warps (32 rows each): S 128 + O 32 floats per thread. 40 KB.
+// 128 x 128, 4 warps: S 128 + O 32 floats. 40 KB.
 template <> struct FwdConfig<32> { using Traits = FwdTraits<32, 128, 128, 4, 2>; };
-// 128 x 128, 4 warps: S 128 + O 64 floats. 80 KB.
+// 128 x 64, 4 warps: S 64 + O 64 floats. 48 KB. (128 x 128 spilled up to 100 bytes.)
 template <> struct FwdConfig<64> { using Traits = FwdTraits<64, 128, 64, 4, 2>; };
 // 128 x 64, 4 warps: S 64 + O 96 floats. 72 KB.
 template <> struct FwdConfig<96> { using Traits = FwdTraits<96, 128, 64, 4, 2>; };
-// 128 x 64, 4 warps: S 64 + O 128 floats. 96 KB (2 CTAs per H100/H200 SM).
+// 128 x 64, 4 warps: S 64 + O 128 floats (255 registers, no spills). 96 KB: 2 CTAs per
+// H100/H200 SM.
 template <> struct FwdConfig<128> { using Traits = FwdTraits<128, 128, 64, 4, 2>; };
-// 128 x 64, 8 warps (16 rows each): S 32 + O 80 floats. 120 KB.
+// 128 x 64, 8 warps: S 32 + O 80 floats. 120 KB.
 template <> struct FwdConfig<160> { using Traits = FwdTraits<160, 128, 64, 8, 2>; };
 // 128 x 64, 8 warps: S 32 + O 96 floats. 144 KB.
 template <> struct FwdConfig<192> { using Traits = FwdTraits<192, 128, 64, 8, 2>; };
-// 128 x 64, 8 warps, single K/V buffers: S 32 + O 112 floats. 112 KB.
+// 128 x 64, 8 warps, single K/V buffers (A100 shared memory): S 32 + O 112 floats. 112 KB.
 template <> struct FwdConfig<224> { using Traits = FwdTraits<224, 128, 64, 8, 1>; };
 // 128 x 64, 8 warps, single K/V buffers: S 32 + O 128 floats. 128 KB.
 template <> struct FwdConfig<256> { using Traits = FwdTraits<256, 128, 64, 8, 1>; };
