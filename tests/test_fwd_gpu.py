@@ -271,13 +271,9 @@ def test_varlen_seqused_k():
                                k[None, ks:ke], v[None, ks:ke], causal=True)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("window_left", (700, -1))
-def test_kv_over_2_pow_31_elements(window_left):
-    # k and v are slices of one packed (1, sk, 2, 1, d) tensor of more than 2^31 elements
-    # (~4.3 GB), so the last keys sit past element offset 2^31 of k and of v.
+def check_long_kv(sk: int, window_left: int):
+    """sq = 5 queries over sk keys: k and v are slices of one packed (1, sk, 2, 1, d) tensor."""
     dtype, d, sq = torch.float16, 64, 5
-    sk = (1 << 30) // d + 4099
     kv = torch.randn(1, sk, 2, 1, d, device="cuda", dtype=dtype)
     k, v = kv[:, :, 0], kv[:, :, 1]
     q = torch.randn(1, sq, 1, d, device="cuda", dtype=dtype)
@@ -286,20 +282,33 @@ def test_kv_over_2_pow_31_elements(window_left):
     if window_left >= 0:  # only the last sq + window_left keys are visible: compare on those
         first = sk - sq - window_left
         assert_close_to_oracle(out, lse, q, k[:, first:], v[:, first:], window=window)
-    else:
-        # Causal over all 2^24 keys. A plain fp32 running sum over 2^24 random terms drifts by a
-        # few percent in the kernel and in any sequential oracle, so this case compares against
-        # the oracle on the keys that matter: the last 2048 keys (all past element 2^31 of k and
-        # v) are made to dominate every row (scaled q.k ~ 48, the rest ~ N(0, 1)), so reading them from a
-        # truncated offset would change the output completely.
-        q = q[:, :1] + 0.1 * q  # rows close to one direction, which the tail keys share
-        k[:, -2048:] = q[:, :1].expand(1, 2048, 1, d) * 6 + 0.1 * k[:, -2048:]
-        out, lse = fwd(q, k, v, window=window)
-        rest = torch.logsumexp(
-            (torch.einsum("bqhd,bkhd->bhqk", q.float(), k[:, :-2048].float()) / math.sqrt(d))
-            .masked_fill(torch.ones(sq, sk - 2048, dtype=torch.bool, device="cuda")
-                         .tril(sk - sq).logical_not(), float("-inf")), dim=-1)
-        _, tail_lse = naive_attention(q.float(), k[:, -2048:].float(), v[:, -2048:].float(),
-                                      window=window)
-        assert (rest < tail_lse - 20).all(), "test setup: the tail keys must dominate"
-        assert_close_to_oracle(out, lse, q, k[:, -2048:], v[:, -2048:], window=window)
+        return
+    # Causal over all keys. A plain fp32 running sum over millions of random terms drifts by a
+    # few percent in the kernel and in any sequential oracle, so compare against the oracle on
+    # the keys that matter: the last 2048 keys are made to dominate every row (scaled q.k ~ 48,
+    # the rest ~ N(0, 1)), so reading them from a wrong (e.g. truncated) offset would change the
+    # output completely.
+    q = q[:, :1] + 0.1 * q  # rows close to one direction, which the tail keys share
+    k[:, -2048:] = q[:, :1].expand(1, 2048, 1, d) * 6 + 0.1 * k[:, -2048:]
+    out, lse = fwd(q, k, v, window=window)
+    rest = torch.logsumexp(
+        (torch.einsum("bqhd,bkhd->bhqk", q.float(), k[:, :-2048].float()) / math.sqrt(d))
+        .masked_fill(torch.ones(sq, sk - 2048, dtype=torch.bool, device="cuda")
+                     .tril(sk - sq).logical_not(), float("-inf")), dim=-1)
+    _, tail_lse = naive_attention(q.float(), k[:, -2048:].float(), v[:, -2048:].float(),
+                                  window=window)
+    assert (rest < tail_lse - 20).all(), "test setup: the tail keys must dominate"
+    assert_close_to_oracle(out, lse, q, k[:, -2048:], v[:, -2048:], window=window)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window_left", (700, -1))
+def test_kv_over_2_pow_31_elements(window_left):
+    # (1, sk, 2, 1, 64) has more than 2^31 elements (~4.3 GB): the last keys sit past element
+    # offset 2^31 of k and of v.
+    check_long_kv((1 << 30) // 64 + 4099, window_left)
+
+
+@pytest.mark.parametrize("sk", ((1 << 14) + 4099, (1 << 20) + 4099))
+def test_long_causal_kv(sk):
+    check_long_kv(sk, -1)
