@@ -9,6 +9,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/launch.h"
 #include "kernels/params.h"
@@ -21,18 +22,16 @@ namespace flash_cuda {
 
 namespace sm80 {
 
-// Launches the kernel with one tile configuration.
-template <typename Element, typename Traits, bool Causal>
+// Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap variants
+// (they keep more values live in the score loop, so a head dim may give them a smaller tile).
+template <typename Element, typename Traits, typename BiasTraits, bool Causal>
 void launch_fwd(FwdParams& params, cudaStream_t stream) {
-    const int num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    if (num_m_blocks <= 0 || params.b <= 0 || params.h <= 0) return;
+    if (params.seqlen_q <= 0 || params.b <= 0 || params.h <= 0) return;
     if (params.b > 65535 || params.h > 65535) {
         throw std::runtime_error("flash_cuda: forward kernel supports at most 65535 batch entries "
                                  "and 65535 heads, got b=" + std::to_string(params.b) +
                                  ", h=" + std::to_string(params.h));
     }
-    const dim3 grid(num_m_blocks, params.b, params.h);
-
     const bool has_softcap = params.softcap > 0.f;
     // The exponent factor of the plain path is scale * log2(e); when it is not positive the
     // ALiBi path (natural-log scores, slope 0 without slopes) keeps the softmax well defined.
@@ -40,8 +39,10 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
                            (!has_softcap && !(params.scale_softmax > 0.f));
     BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
         BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
-            auto kernel = &sm80::mha_fwd_sm80_kernel<Element, Traits, Causal, kHasAlibi, kHasSoftcap>;
-            constexpr int kSmemBytes = Traits::kSmemBytes;
+            using KernelTraits = std::conditional_t<kHasAlibi || kHasSoftcap, BiasTraits, Traits>;
+            auto kernel =
+                &sm80::mha_fwd_sm80_kernel<Element, KernelTraits, Causal, kHasAlibi, kHasSoftcap>;
+            constexpr int kSmemBytes = KernelTraits::kSmemBytes;
             if constexpr (kSmemBytes > 48 * 1024) {
                 const cudaError_t err = cudaFuncSetAttribute(
                     kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -52,7 +53,10 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
                                              cudaGetErrorString(err));
                 }
             }
-            kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+            const int num_m_blocks =
+                (params.seqlen_q + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM;
+            const dim3 grid(num_m_blocks, params.b, params.h);
+            kernel<<<grid, KernelTraits::kNThreads, kSmemBytes, stream>>>(params);
             FLASH_CUDA_CHECK_LAUNCH();
         });
     });
@@ -64,8 +68,8 @@ bool launch_tile_variant(FwdParams& params, cudaStream_t stream) {
     if constexpr (Variant < kNumTileVariants) {
         if constexpr (FwdTuneConfig<HeadDim, Variant>::kExists) {
             if (params.tile_variant == Variant) {
-                launch_fwd<Element, typename FwdTuneConfig<HeadDim, Variant>::Traits, Causal>(
-                    params, stream);
+                using Traits = typename FwdTuneConfig<HeadDim, Variant>::Traits;
+                launch_fwd<Element, Traits, Traits, Causal>(params, stream);
                 return true;
             }
         }
@@ -84,7 +88,9 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
         return;
     }
 #endif
-    sm80::launch_fwd<Element, typename sm80::FwdConfig<HeadDim>::Traits, Causal>(params, stream);
+    using Config = sm80::FwdConfig<HeadDim>;
+    sm80::launch_fwd<Element, typename Config::Traits, sm80::bias_traits_t<Config>, Causal>(params,
+                                                                                          stream);
 }
 
 }  // namespace flash_cuda

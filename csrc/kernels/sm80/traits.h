@@ -11,6 +11,8 @@
 // scalars. The O tile reuses the Q tile.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/sm80/tile_io.cuh"
 
 namespace flash_cuda {
@@ -63,10 +65,28 @@ struct FwdTraits {
 // memory feeds two mma; 8 warps (16 rows each) for d >= 160 keep the O accumulator in registers.
 template <int HeadDim>
 struct FwdConfig;
+
+// The tile of the ALiBi / softcap kernels: Config::BiasTraits where a head dim defines one,
+// else Config::Traits.
+template <typename Config, typename = void>
+struct BiasTraitsOf {
+    using type = typename Config::Traits;
+};
+template <typename Config>
+struct BiasTraitsOf<Config, std::void_t<typename Config::BiasTraits>> {
+    using type = typename Config::BiasTraits;
+};
+template <typename Config>
+using bias_traits_t = typename BiasTraitsOf<Config>::type;
 // 128 x 128, 4 warps: S 128 + O 32 floats. 40 KB.
 template <> struct FwdConfig<32> { using Traits = FwdTraits<32, 128, 128, 4, 2>; };
-// 128 x 64, 4 warps: S 64 + O 64 floats. 48 KB. (128 x 128 spilled up to 100 bytes.)
-template <> struct FwdConfig<64> { using Traits = FwdTraits<64, 128, 64, 4, 2>; };
+// 128 x 128, 4 warps: S 128 + O 64 floats, 80 KB; 5-8% faster than 128 x 64 on the H200
+// (bench/NOTES.md, tuning run 2). The ALiBi / softcap kernels spill with it (8-56 bytes), so
+// they keep 128 x 64 (S 64 + O 64 floats, 48 KB).
+template <> struct FwdConfig<64> {
+    using Traits = FwdTraits<64, 128, 128, 4, 2>;
+    using BiasTraits = FwdTraits<64, 128, 64, 4, 2>;
+};
 // 128 x 64, 4 warps: S 64 + O 96 floats. 72 KB.
 template <> struct FwdConfig<96> { using Traits = FwdTraits<96, 128, 64, 4, 2>; };
 // 128 x 64, 4 warps: S 64 + O 128 floats (255 registers, no spills). 96 KB: 2 CTAs per
