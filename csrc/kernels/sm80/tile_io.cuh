@@ -8,8 +8,8 @@
 //     chunk' = chunk ^ (line % 8).
 // Eight consecutive rows at the same logical column then sit in eight different bank groups,
 // so each 8x8 matrix of an ldmatrix (eight 16-byte rows at one column) is read without bank
-// conflicts, and so are the 4-byte accumulator stores of the epilogue. (The 16-byte cp.async
-// writes are conflict free for 64-wide atoms and at most 2-way for 32-wide ones.)
+// conflicts, and so are the 4-byte accumulator stores of the epilogue and the 16-byte copies
+// (each group of 8 threads writes one whole 128-byte line).
 #pragma once
 
 #include <cuda_runtime.h>
