@@ -67,8 +67,14 @@ struct OnlineSoftmax {
                 const float new_max = quad_allreduce_max(block_max);
                 // Exponent offset of this row; 0 while the row has seen only masked keys.
                 const float max_scaled = new_max == -INFINITY ? 0.f : new_max * log2_scale;
-                // 0 when the old max was -inf (then o and l are 0 as well).
-                const float o_scale = ptx::exp2_approx(row_max[mt][half] * log2_scale - max_scaled);
+                // Rescale factor of o and l: 0 when the old max was -inf (o and l are 0 then),
+                // exactly 1 when the max did not move. Subtract before scaling: the fused form
+                // old * scale - max_scaled leaves the rounding residual of max_scaled, a factor
+                // 1 + ~1e-6 that compounds over the key blocks (lse off by 0.66 at 2^24 keys).
+                const float o_scale =
+                    new_max == -INFINITY
+                        ? 1.f
+                        : ptx::exp2_approx((row_max[mt][half] - new_max) * log2_scale);
                 row_max[mt][half] = new_max;
                 float block_sum = 0.f;
 #pragma unroll
