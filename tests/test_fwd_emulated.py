@@ -8,6 +8,7 @@ builds one emulator per kernel head dim into build/emulation (about 15 s each).
 from __future__ import annotations
 
 import itertools
+import os
 import pathlib
 import random
 import shutil
@@ -30,7 +31,11 @@ pytestmark = [
 
 # The grid cases small enough for the emulator: the full feature x head dim coverage at
 # (113, 203) and the sampled (1, 1), (1, 239) cases.
+# By default (CI: 2 slow cores) one case per feature at head dims 64 and 128; the whole set
+# (~170 cases, ~25 minutes) with FLASH_CUDA_EMULATE_ALL=1.
 EMULATED_CASES = [c for c in sampled_cases() if c[2] in ((113, 203), (1, 1), (1, 239))]
+if os.environ.get("FLASH_CUDA_EMULATE_ALL") != "1":
+    EMULATED_CASES = [c for c in EMULATED_CASES if c[1] in (64, 128) and c[2] == (113, 203)]
 
 
 @pytest.mark.parametrize("case", EMULATED_CASES, ids=case_id)
