@@ -287,7 +287,8 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
     check_alibi(alibi_slopes, q, dims);
     if (rng_state.has_value()) check_rng_state(*rng_state, q, "rng_state");
-    // Window sides are normalized per sequence by the kernels/reference; use the max length here.
+    // flash_attn's rule: window sides normalized once with max_seqlen_k, then applied as is to
+    // every sequence (with its own lengths) by the kernel and the reference alike.
     const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, max_seqlen_k);
     c10::cuda::CUDAGuard guard(q.device());
     const PhiloxSeed seed = philox_seed_for(q, rng_state, dropout_p, dims.batch * dims.heads);

@@ -21,7 +21,7 @@ import zlib
 import pytest
 import torch
 
-from naive_attention import naive_attention
+from naive_attention import naive_attention, normalize_window
 
 pytestmark = [
     pytest.mark.gpu,
@@ -247,6 +247,11 @@ def test_varlen(dtype, d, feature):
     for i in range(b):
         qs, qe, ks, ke = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
         seq_opts = dict(opts)
+        # flash_attn's rule: the window is normalised once with max_seqlen_k, then applied as
+        # is to every sequence.
+        seq_opts["window"] = normalize_window(opts.get("causal", False),
+                                              opts.get("window", (-1, -1)), max(lens_k))
+        seq_opts["causal"], seq_opts["normalize"] = False, False
         slopes = seq_opts.get("alibi_slopes")
         if slopes is not None and slopes.dim() == 2:
             seq_opts["alibi_slopes"] = slopes[i]

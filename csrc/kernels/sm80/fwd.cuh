@@ -200,15 +200,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int valid_q_rows = min(kBlockM, seq.seqlen_q - m0);
         seqlen_k = seq.seqlen_k;
 
-        // ---- Mask geometry. The host normalised the window with seqlen_k (varlen: the max);
-        // normalise again per sequence: a side >= this sequence's seqlen_k is unbounded.
+        // ---- Mask geometry. The host normalised the window once, with seqlen_k (varlen: the
+        // max, KV cache: the capacity); each sequence applies it as is with its own lengths
+        // (flash_attn's rule: no renormalisation per sequence).
         AttentionMask mask;
         mask.seqlen_k = seq.seqlen_k;
         mask.diag = seq.seqlen_k - seq.seqlen_q;
-        mask.window_left = params.window_size_left >= seq.seqlen_k ? -1 : params.window_size_left;
-        mask.window_right = Causal ? 0
-                            : (params.window_size_right >= seq.seqlen_k ? -1
-                                                                        : params.window_size_right);
+        mask.window_left = params.window_size_left;
+        mask.window_right = Causal ? 0 : params.window_size_right;
         // Keys some row of the tile can see: [key_begin(first row), key_end(last row)).
         const int keys_begin = max(0, mask.key_begin(m0));
         const int keys_end = mask.key_end(m0 + valid_q_rows - 1);
