@@ -379,11 +379,50 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     // As flash_attn: normalized with the cache capacity (dims.seqlen_k), applied per sequence.
     const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, dims.seqlen_k);
     c10::cuda::CUDAGuard guard(q.device());
-    // No KV-cache kernel yet (issue: inference): the exact reference.
-    return reference::kvcache(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin,
-                              cache_batch_idx, cache_leftpad, block_table, rotary_interleaved,
-                              make_options(softmax_scale, mask, softcap, alibi_slopes, 0.0,
-                                           PhiloxSeed{}));
+    // The forward kernel reads a contiguous-layout cache in place, each sequence limited to its
+    // cache_seqlens + new tokens (seqused_k). Paged caches, cache_batch_idx, cache_leftpad,
+    // rotary and head dims that need padding take the exact reference (no split-KV kernel yet:
+    // num_splits is not used on this path).
+    const bool kernel = fwd_kernel_covers(q, dims.head_dim, 0.0, false) &&
+                        dims.head_dim % 8 == 0 && !block_table.has_value() &&
+                        !cache_batch_idx.has_value() && !cache_leftpad.has_value() &&
+                        !rotary_cos.has_value() && aligned_for_kernels(q) &&
+                        aligned_for_kernels(k_cache) && aligned_for_kernels(v_cache);
+    if (!kernel) {
+        return reference::kvcache(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos,
+                                  rotary_sin, cache_batch_idx, cache_leftpad, block_table,
+                                  rotary_interleaved,
+                                  make_options(softmax_scale, mask, softcap, alibi_slopes, 0.0,
+                                               PhiloxSeed{}));
+    }
+    // Append the new tokens at cache_seqlens[b] + t (device-side indices: no host sync, so the
+    // call can be captured in a CUDA graph).
+    const int64_t seqlen_new = k.has_value() ? k->size(1) : 0;
+    at::Tensor seqused;
+    if (cache_seqlens.has_value()) {
+        if (seqlen_new > 0) {
+            const auto long_opts = q.options().dtype(at::kLong);
+            const at::Tensor rows = at::arange(dims.batch, long_opts).unsqueeze(1);
+            const at::Tensor positions =
+                cache_seqlens->to(at::kLong).unsqueeze(1) + at::arange(seqlen_new, long_opts);
+            k_cache.index_put_({rows, positions}, *k);
+            v_cache.index_put_({rows, positions}, *v);
+        }
+        seqused = (*cache_seqlens + static_cast<int>(seqlen_new)).to(at::kInt);
+    }
+    at::Tensor out = at::empty_like(q, q.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));
+    FwdParams params;
+    set_fwd_params(params, dims, q, k_cache, v_cache, out, lse, softmax_scale, mask, softcap,
+                   alibi_slopes);
+    params.seqused_k = seqused.defined() ? seqused.data_ptr<int>() : nullptr;
+    if (dims.seqlen_q > 0) {
+        const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+        dispatch_dtype(q.scalar_type(), [&](auto element) {
+            run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
+        });
+    }
+    return {out, lse};
 }
 
 std::tuple<Tensor, Tensor> combine_splits_cuda(const Tensor& out_partial,

@@ -1,0 +1,127 @@
+"""KV-cache attention on CUDA (flash_attn_with_kvcache): the cases the forward kernel serves
+(contiguous cache, new tokens appended in place) against the naive oracle, the cache contents
+after the append, and CUDA-graph capture/replay. Cases outside the kernel's coverage (paged,
+rotary, cache_batch_idx, leftpad) run the reference on CUDA and are covered by the same checks.
+"""
+
+import random
+
+import pytest
+import torch
+
+from naive_attention import naive_attention, normalize_window
+
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _flash():
+    import flash_cuda
+
+    return flash_cuda
+
+
+def check_against_oracle(out, lse, q, k_cache, v_cache, lengths, *, causal, window, softcap,
+                         alibi_slopes):
+    """Per sequence: the DESIGN.md rule (2x the input-dtype oracle's error, fp64 reference)."""
+    capacity = k_cache.shape[1]
+    left, right = normalize_window(causal, window, capacity)
+    for i, n in enumerate(lengths):
+        opts = dict(window=(left, right), normalize=False, softcap=softcap,
+                    alibi_slopes=None if alibi_slopes is None else alibi_slopes)
+        qi, ki, vi = q[i:i + 1], k_cache[i:i + 1, :n], v_cache[i:i + 1, :n]
+        ref, ref_lse = naive_attention(qi.double(), ki.double(), vi.double(), **opts)
+        out_pt, _ = naive_attention(qi, ki, vi, **opts)
+        err = (out[i:i + 1].double() - ref).abs().max().item()
+        err_pt = (out_pt.double() - ref).abs().max().item()
+        assert err <= 2 * err_pt + 1e-5, f"sequence {i}: max|out-ref| {err:.3e} > 2 * {err_pt:.3e}"
+        assert torch.equal(torch.isposinf(lse[i:i + 1]), torch.isposinf(ref_lse))
+        finite = torch.isfinite(ref_lse)
+        if finite.any():
+            assert (lse[i:i + 1][finite] - ref_lse[finite]).abs().max().item() < 1e-2
+
+
+CASES = [
+    # b, capacity, s_new, d, h, hk, feature
+    (1, 1, 0, 64, 4, 4, "plain"),
+    (1, 63, 1, 128, 32, 8, "causal"),
+    (3, 1000, 5, 128, 8, 2, "causal"),
+    (3, 1000, 1, 64, 8, 8, "window"),
+    (17, 300, 1, 128, 4, 1, "softcap"),
+    (3, 8192, 1, 128, 32, 8, "plain"),
+    (2, 257, 5, 256, 8, 1, "alibi"),
+    (3, 120, 0, 80, 4, 2, "causal"),   # head dim 80: padded -> the reference path
+]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=("fp16", "bf16"))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_kvcache_append_and_attend(dtype, case):
+    b, capacity, s_new, d, h, hk, feature = case
+    rng = random.Random(hash(case) & 0xFFFF)
+    gen = torch.Generator(device="cuda").manual_seed(rng.randint(0, 1 << 30))
+    k_cache = torch.randn(b, capacity, hk, d, device="cuda", dtype=dtype, generator=gen)
+    v_cache = torch.randn(b, capacity, hk, d, device="cuda", dtype=dtype, generator=gen)
+    seqlens = [rng.randint(0, capacity - s_new) for _ in range(b)]
+    cache_seqlens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, max(s_new, 1), h, d, device="cuda", dtype=dtype, generator=gen)
+    k_new = torch.randn(b, s_new, hk, d, device="cuda", dtype=dtype, generator=gen) if s_new else None
+    v_new = torch.randn(b, s_new, hk, d, device="cuda", dtype=dtype, generator=gen) if s_new else None
+    causal = feature == "causal"
+    window = (rng.randint(0, 40), rng.randint(0, 3)) if feature == "window" else (-1, -1)
+    softcap = 5.0 if feature == "softcap" else 0.0
+    alibi = (torch.rand(h, device="cuda") * 0.3) if feature == "alibi" else None
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    for i, n in enumerate(seqlens):
+        if s_new:
+            expected_k[i, n:n + s_new] = k_new[i]
+            expected_v[i, n:n + s_new] = v_new[i]
+
+    out, lse = _flash().flash_attn_with_kvcache(
+        q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=cache_seqlens, causal=causal,
+        window_size=window, softcap=softcap, alibi_slopes=alibi, return_softmax_lse=True)
+
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    lengths = [n + s_new for n in seqlens]
+    check_against_oracle(out, lse, q, k_cache, v_cache, lengths, causal=causal, window=window,
+                         softcap=softcap, alibi_slopes=alibi)
+
+
+@needs_cuda
+def test_kvcache_decode_step_in_cuda_graph():
+    """Capture one decode step; replays with other cache_seqlens and tokens equal eager calls."""
+    b, capacity, h, hk, d, dtype = 4, 512, 16, 4, 128, torch.bfloat16
+    k_cache = torch.randn(b, capacity, hk, d, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=dtype)
+    k_new = torch.randn(b, 1, hk, d, device="cuda", dtype=dtype)
+    v_new = torch.randn_like(k_new)
+    cache_seqlens = torch.tensor([3, 100, 0, 400], dtype=torch.int32, device="cuda")
+    flash = _flash()
+
+    def step():
+        return flash.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
+                                             cache_seqlens=cache_seqlens, causal=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up outside capture (lazy init)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_graph = step()
+    for seqlens in ([10, 11, 12, 13], [0, 511, 200, 1]):
+        cache_seqlens.copy_(torch.tensor(seqlens, dtype=torch.int32))
+        q.normal_()
+        k_new.normal_()
+        v_new.normal_()
+        k_before, v_before = k_cache.clone(), v_cache.clone()
+        graph.replay()
+        replay_out, replay_k = out_graph.clone(), k_cache.clone()
+        k_cache.copy_(k_before)
+        v_cache.copy_(v_before)
+        eager_out = step()
+        assert torch.equal(replay_out, eager_out)
+        assert torch.equal(replay_k, k_cache)
