@@ -60,7 +60,8 @@ def sources(dims: list[int], root: pathlib.Path = ROOT) -> list[str]:
     """Sources of the extension, relative to `root`: the torch-facing C++, the reference, the
     torch-free kernels, and the instantiations of the selected head dims."""
     csrc = root / "csrc"
-    srcs = [csrc / "torch_bindings.cpp", csrc / "flash_api.cpp", csrc / "checks.cpp", csrc / "rng.cpp"]
+    srcs = [csrc / "torch_bindings.cpp", csrc / "flash_api.cpp", csrc / "checks.cpp", csrc / "rng.cpp",
+            csrc / "op_prologue.cpp"]
     srcs += sorted((csrc / "reference").glob("*.cpp"))
     srcs += sorted((csrc / "kernels").glob("*.cu"))
     srcs += [

@@ -9,6 +9,7 @@
 
 #include "checks.h"
 #include "flash_api.h"
+#include "op_prologue.h"
 #include "kernels/launch.h"
 #include "reference/reference.h"
 #include "rng.h"
@@ -159,25 +160,12 @@ int fwd_tile_variant() {
     return variant;
 }
 
-reference::AttnOptions make_options(double softmax_scale, const MaskArgs& mask, double softcap,
-                                    const OptTensor& alibi_slopes, double dropout_p,
-                                    const PhiloxSeed& seed) {
-    reference::AttnOptions opts;
-    opts.softmax_scale = softmax_scale;
-    opts.mask = mask;
-    opts.softcap = softcap;
-    opts.alibi_slopes = alibi_slopes;
-    opts.dropout_p = dropout_p;
-    opts.philox_seed = seed.seed;
-    opts.philox_offset = seed.offset;
-    return opts;
-}
-
 // Fields common to fixed-length and varlen forward calls. q/k/v/out already padded.
 void set_fwd_params(FwdParams& p, const AttnDims& dims, const at::Tensor& q, const at::Tensor& k,
                     const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                    double softmax_scale, const MaskArgs& mask, double softcap,
-                    const OptTensor& alibi_slopes) {
+                    const reference::AttnOptions& opts) {
+    const MaskArgs& mask = opts.mask;
+    const OptTensor& alibi_slopes = opts.alibi_slopes;
     p = FwdParams{};
     const int seq_dim = q.dim() == 4 ? 1 : 0;  // (b, s, h, d) or (total, h, d)
     p.q_ptr = q.data_ptr();
@@ -208,11 +196,11 @@ void set_fwd_params(FwdParams& p, const AttnDims& dims, const at::Tensor& q, con
     p.seqlen_q_rounded = static_cast<int>((dims.seqlen_q + 127) / 128 * 128);
     p.seqlen_k_rounded = static_cast<int>((dims.seqlen_k + 127) / 128 * 128);
     p.total_q = static_cast<int>(dims.total_q);
-    p.softcap = static_cast<float>(softcap);
+    p.softcap = static_cast<float>(opts.softcap);
     // With softcap the kernel computes softcap * tanh(s * (scale / softcap)); the scale is then
     // applied inside the tanh and the log2(e) factor after it.
-    p.scale_softmax = static_cast<float>(softmax_scale);
-    p.scale_softmax_log2 = static_cast<float>(softmax_scale * M_LOG2E);
+    p.scale_softmax = static_cast<float>(opts.softmax_scale);
+    p.scale_softmax_log2 = static_cast<float>(opts.softmax_scale * M_LOG2E);
     p.window_size_left = static_cast<int>(mask.window_left);
     p.window_size_right = static_cast<int>(mask.window_right);
     p.is_causal = mask.causal;
@@ -229,13 +217,6 @@ void set_fwd_params(FwdParams& p, const AttnDims& dims, const at::Tensor& q, con
     }
 }
 
-at::Tensor empty_rng_state(const at::Tensor& q, const PhiloxSeed& seed) {
-    auto cpu = at::empty({2}, at::TensorOptions().dtype(at::kLong));
-    cpu[0] = static_cast<int64_t>(seed.seed);
-    cpu[1] = static_cast<int64_t>(seed.offset);
-    return cpu.to(q.device(), /*non_blocking=*/true);
-}
-
 }  // namespace
 
 FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -243,27 +224,20 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                        bool causal, int64_t window_size_left, int64_t window_size_right,
                        double softcap, bool return_softmax, const OptTensor& rng_state,
                        bool /*deterministic: used by the backward*/) {
-    const AttnDims dims = check_fwd_inputs(q, k, v);
-    check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
-    check_alibi(alibi_slopes, q, dims);
-    if (rng_state.has_value()) check_rng_state(*rng_state, q, "rng_state");
-    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, dims.seqlen_k);
+    const CheckedCall call = fwd_prologue(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal,
+                                          window_size_left, window_size_right, softcap, rng_state);
+    const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    const PhiloxSeed seed = philox_seed_for(q, rng_state, dropout_p, dims.batch * dims.heads);
-
     if (!fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax)) {
-        auto [out, lse, s_dmask] = reference::fwd(
-            q, k, v, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed),
-            return_softmax);
-        return {out, lse, s_dmask, empty_rng_state(q, seed)};
+        auto [out, lse, s_dmask] = reference::fwd(q, k, v, call.opts, return_softmax);
+        return {out, lse, s_dmask, rng_state_tensor(q, call.opts)};
     }
 
     const at::Tensor q_p = pad_head_dim(q), k_p = pad_head_dim(k), v_p = pad_head_dim(v);
     at::Tensor out = at::empty_like(q_p, q_p.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));
     FwdParams params;
-    set_fwd_params(params, dims, q_p, k_p, v_p, out, lse, softmax_scale, mask, softcap,
-                   alibi_slopes);
+    set_fwd_params(params, dims, q_p, k_p, v_p, out, lse, call.opts);
     if (dims.seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {
@@ -271,7 +245,7 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         });
     }
     out = unpad_head_dim(out, dims.head_dim);
-    return {out, lse, at::empty({0}, q.options()), empty_rng_state(q, seed)};
+    return {out, lse, at::empty({0}, q.options()), rng_state_tensor(q, call.opts)};
 }
 
 FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -281,34 +255,27 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                               int64_t max_seqlen_k, double dropout_p, double softmax_scale,
                               bool causal, int64_t window_size_left, int64_t window_size_right,
                               double softcap, bool return_softmax, const OptTensor& rng_state,
-                       bool /*deterministic: used by the backward*/) {
-    const AttnDims dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                              block_table, max_seqlen_q, max_seqlen_k);
-    check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
-    check_alibi(alibi_slopes, q, dims);
-    if (rng_state.has_value()) check_rng_state(*rng_state, q, "rng_state");
-    // flash_attn's rule: window sides normalized once with max_seqlen_k, then applied as is to
-    // every sequence (with its own lengths) by the kernel and the reference alike.
-    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, max_seqlen_k);
+                              bool /*deterministic: used by the backward*/) {
+    const CheckedCall call = varlen_fwd_prologue(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, max_seqlen_q,
+        max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
+        softcap, rng_state);
+    const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    const PhiloxSeed seed = philox_seed_for(q, rng_state, dropout_p, dims.batch * dims.heads);
-
     const bool kernel = fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax) &&
                         !block_table.has_value();
     if (!kernel) {
-        auto [out, lse, s_dmask] = reference::varlen_fwd(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q,
-            max_seqlen_k, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed),
-            return_softmax);
-        return {out, lse, s_dmask, empty_rng_state(q, seed)};
+        auto [out, lse, s_dmask] =
+            reference::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                                  max_seqlen_q, max_seqlen_k, call.opts, return_softmax);
+        return {out, lse, s_dmask, rng_state_tensor(q, call.opts)};
     }
 
     const at::Tensor q_p = pad_head_dim(q), k_p = pad_head_dim(k), v_p = pad_head_dim(v);
     at::Tensor out = at::empty_like(q_p, q_p.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor lse = at::empty({dims.heads, dims.total_q}, q.options().dtype(at::kFloat));
     FwdParams params;
-    set_fwd_params(params, dims, q_p, k_p, v_p, out, lse, softmax_scale, mask, softcap,
-                   alibi_slopes);
+    set_fwd_params(params, dims, q_p, k_p, v_p, out, lse, call.opts);
     params.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
     params.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
     params.seqused_k = seqused_k.has_value() ? seqused_k->data_ptr<int>() : nullptr;
@@ -320,26 +287,21 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         });
     }
     out = unpad_head_dim(out, dims.head_dim);
-    return {out, lse, at::empty({0}, q.options()), empty_rng_state(q, seed)};
+    return {out, lse, at::empty({0}, q.options()), rng_state_tensor(q, call.opts)};
 }
 
 BwdResult mha_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& out, const Tensor& softmax_lse,
                        const OptTensor& alibi_slopes, double dropout_p, double softmax_scale,
                        bool causal, int64_t window_size_left, int64_t window_size_right,
-                       double softcap, bool deterministic, const Tensor& rng_state) {
-    const AttnDims dims = check_fwd_inputs(q, k, v);
-    check_bwd_inputs(dout, q, out, softmax_lse, dims, /*varlen=*/false);
-    check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
-    check_alibi(alibi_slopes, q, dims);
-    check_rng_state(rng_state, q, "rng_state");
-    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, dims.seqlen_k);
+                       double softcap, bool /*deterministic: the reference always is*/,
+                       const Tensor& rng_state) {
+    const CheckedCall call =
+        bwd_prologue(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, softmax_scale,
+                     causal, window_size_left, window_size_right, softcap, rng_state);
     c10::cuda::CUDAGuard guard(q.device());
-    // No backward kernel yet (issue: backward kernels): the exact reference, deterministic.
-    (void)deterministic;
-    const PhiloxSeed seed = philox_seed_from_state(rng_state);
-    return reference::bwd(dout, q, k, v, out, softmax_lse,
-                          make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed));
+    // No backward kernel yet (issue: backward kernels): the exact reference.
+    return reference::bwd(dout, q, k, v, out, softmax_lse, call.opts);
 }
 
 BwdResult mha_varlen_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -348,20 +310,15 @@ BwdResult mha_varlen_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor&
                               const OptTensor& alibi_slopes, int64_t max_seqlen_q,
                               int64_t max_seqlen_k, double dropout_p, double softmax_scale,
                               bool causal, int64_t window_size_left, int64_t window_size_right,
-                              double softcap, bool deterministic, const Tensor& rng_state) {
-    const AttnDims dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt,
-                                              std::nullopt, max_seqlen_q, max_seqlen_k);
-    check_bwd_inputs(dout, q, out, softmax_lse, dims, /*varlen=*/true);
-    check_scalar_args(dropout_p, softmax_scale, window_size_left, window_size_right, softcap);
-    check_alibi(alibi_slopes, q, dims);
-    check_rng_state(rng_state, q, "rng_state");
-    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, max_seqlen_k);
+                              double softcap, bool /*deterministic: the reference always is*/,
+                              const Tensor& rng_state) {
+    const CheckedCall call = varlen_bwd_prologue(
+        dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q,
+        max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
+        softcap, rng_state);
     c10::cuda::CUDAGuard guard(q.device());
-    (void)deterministic;
-    const PhiloxSeed seed = philox_seed_from_state(rng_state);
-    return reference::varlen_bwd(
-        dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed));
+    return reference::varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+                                 max_seqlen_q, max_seqlen_k, call.opts);
 }
 
 std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
@@ -371,13 +328,11 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     const OptTensor& block_table, const OptTensor& alibi_slopes, double softmax_scale,
     bool causal, int64_t window_size_left, int64_t window_size_right, double softcap,
     bool rotary_interleaved, int64_t num_splits) {
-    const AttnDims dims = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens,
-                                               rotary_cos, rotary_sin, cache_batch_idx,
-                                               cache_leftpad, block_table, num_splits);
-    check_scalar_args(0.0, softmax_scale, window_size_left, window_size_right, softcap);
-    check_alibi(alibi_slopes, q, dims);
-    // As flash_attn: normalized with the cache capacity (dims.seqlen_k), applied per sequence.
-    const MaskArgs mask = normalize_mask(causal, window_size_left, window_size_right, dims.seqlen_k);
+    const CheckedCall call = kvcache_prologue(
+        q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, cache_batch_idx,
+        cache_leftpad, block_table, alibi_slopes, softmax_scale, causal, window_size_left,
+        window_size_right, softcap, num_splits);
+    const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
     // The forward kernel reads a contiguous-layout cache in place, each sequence limited to its
     // cache_seqlens + new tokens (seqused_k). Paged caches, cache_batch_idx, cache_leftpad,
@@ -391,9 +346,7 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     if (!kernel) {
         return reference::kvcache(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos,
                                   rotary_sin, cache_batch_idx, cache_leftpad, block_table,
-                                  rotary_interleaved,
-                                  make_options(softmax_scale, mask, softcap, alibi_slopes, 0.0,
-                                               PhiloxSeed{}));
+                                  rotary_interleaved, call.opts);
     }
     // Append the new tokens at cache_seqlens[b] + t (device-side indices: no host sync, so the
     // call can be captured in a CUDA graph).
@@ -413,8 +366,7 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     at::Tensor out = at::empty_like(q, q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));
     FwdParams params;
-    set_fwd_params(params, dims, q, k_cache, v_cache, out, lse, softmax_scale, mask, softcap,
-                   alibi_slopes);
+    set_fwd_params(params, dims, q, k_cache, v_cache, out, lse, call.opts);
     params.seqused_k = seqused.defined() ? seqused.data_ptr<int>() : nullptr;
     if (dims.seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
