@@ -75,8 +75,8 @@ struct BwdTraits {
         static constexpr int kHeadDim = HeadDim;
         static constexpr int kMTiles = kKeyTiles;
         static constexpr int kNTiles = BlockM / 8;
-        using QTile = KVTile;
-        using KVTile = SwizzledTile<BlockM, HeadDim>;
+        using QTile = SwizzledTile<BlockN, HeadDim>;   // the A operand: K (or V)
+        using KVTile = SwizzledTile<BlockM, HeadDim>;  // the B operand: Q (or dO)
     };
     // dV += P^T dO (and dK += dZ^T Q) in the shape warp_gemm_pv expects: k dim = the queries.
     struct GradGemm {
