@@ -371,6 +371,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
     }
 
+    ptx::cp_async_wait<0>();  // a CTA without query blocks still has its K / V copies in flight
+
     // dK, dV (fp32, unscaled) -> per-query-head workspaces (b, h, seqlen_k_rounded, HeadDim).
     const int64_t ws_offset =
         (bh * params.seqlen_k_rounded + n0 + warp_key0 + lane / 4) * Traits::kHeadDim +
