@@ -14,7 +14,9 @@
 #include "reference/reference.h"
 #include "rng.h"
 
+#include <cmath>
 #include <cstdlib>
+#include <string>
 
 namespace flash_cuda {
 namespace {
@@ -217,6 +219,102 @@ void set_fwd_params(FwdParams& p, const AttnDims& dims, const at::Tensor& q, con
     }
 }
 
+// The sm80 backward kernel is opt-in until verified on a GPU: FLASH_CUDA_BWD_KERNEL=1. Read once.
+bool bwd_kernel_enabled() {
+    static const bool enabled = [] {
+        const char* env = std::getenv("FLASH_CUDA_BWD_KERNEL");
+        return env != nullptr && std::string(env) == "1";
+    }();
+    return enabled;
+}
+
+// Whether the sm80 backward kernel handles this (fixed-length) call; else the reference.
+bool bwd_kernel_covers(const at::Tensor& q, const AttnDims& dims,
+                       const reference::AttnOptions& opts, bool deterministic) {
+    const double dropout_p = opts.dropout_p, softcap = opts.softcap,
+                 softmax_scale = opts.softmax_scale;
+    const OptTensor& alibi_slopes = opts.alibi_slopes;
+    if (!bwd_kernel_enabled()) return false;
+    const int hd = kernel_head_dim(dims.head_dim);
+    return (hd == 64 || hd == 128) && head_dim_built(hd) && device_has_sm80_kernels(q) &&
+           dropout_p == 0.0 && !(softcap > 0.0) && !alibi_slopes.has_value() && !deterministic &&
+           dims.seqlen_q > 0 && dims.seqlen_k > 0 && dims.batch > 0 && dims.batch <= 65535 &&
+           dims.heads <= 65535 && std::isfinite(softmax_scale);
+}
+
+template <typename Element>
+void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
+    [[maybe_unused]] const bool causal = params.is_causal;
+#define FLASH_CUDA_BWD_CASE(HD)                                                         \
+    case HD:                                                                            \
+        if (causal) {                                                                   \
+            run_mha_bwd_sm80<Element, HD, /*Causal=*/true>(params, stream);             \
+        } else {                                                                        \
+            run_mha_bwd_sm80<Element, HD, /*Causal=*/false>(params, stream);            \
+        }                                                                               \
+        return;
+    switch (head_dim) {
+#ifdef FLASH_CUDA_HAS_HDIM_64
+        FLASH_CUDA_BWD_CASE(64)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_128
+        FLASH_CUDA_BWD_CASE(128)
+#endif
+        default:
+            TORCH_CHECK(false, "flash_cuda: no backward kernel for head dim ", head_dim);
+    }
+#undef FLASH_CUDA_BWD_CASE
+}
+
+// The sm80 backward kernel path of mha_bwd_cuda (bwd_kernel_covers() holds).
+BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const at::Tensor& out, const at::Tensor& softmax_lse,
+                     const AttnDims& dims, const reference::AttnOptions& opts) {
+    const at::Tensor q_p = pad_head_dim(q), k_p = pad_head_dim(k), v_p = pad_head_dim(v);
+    const at::Tensor out_p = pad_head_dim(out), dout_p = pad_head_dim(dout);
+    const at::Tensor lse = softmax_lse.contiguous();
+    const auto contiguous = at::MemoryFormat::Contiguous;
+    at::Tensor dq = at::empty_like(q_p, q_p.options().memory_format(contiguous));
+    at::Tensor dk = at::empty_like(k_p, k_p.options().memory_format(contiguous));
+    at::Tensor dv = at::empty_like(v_p, v_p.options().memory_format(contiguous));
+
+    BwdParams params{};
+    set_fwd_params(params, dims, q_p, k_p, v_p, out_p, lse, opts);
+    const int64_t hd = params.d_rounded;
+    const auto f32 = q.options().dtype(at::kFloat);
+    at::Tensor dq_accum = at::zeros({dims.batch, dims.heads, params.seqlen_q_rounded, hd}, f32);
+    at::Tensor dk_accum = at::empty({dims.batch, dims.heads, params.seqlen_k_rounded, hd}, f32);
+    at::Tensor dv_accum = at::empty({dims.batch, dims.heads, params.seqlen_k_rounded, hd}, f32);
+    at::Tensor dsum = at::empty({dims.batch, dims.heads, params.seqlen_q_rounded}, f32);
+    params.do_ptr = dout_p.data_ptr();
+    params.do_batch_stride = dout_p.stride(0);
+    params.do_row_stride = dout_p.stride(1);
+    params.do_head_stride = dout_p.stride(2);
+    params.dq_ptr = dq.data_ptr();
+    params.dk_ptr = dk.data_ptr();
+    params.dv_ptr = dv.data_ptr();
+    params.dq_batch_stride = dq.stride(0);
+    params.dk_batch_stride = dk.stride(0);
+    params.dv_batch_stride = dv.stride(0);
+    params.dq_row_stride = dq.stride(1);
+    params.dk_row_stride = dk.stride(1);
+    params.dv_row_stride = dv.stride(1);
+    params.dq_head_stride = dq.stride(2);
+    params.dk_head_stride = dk.stride(2);
+    params.dv_head_stride = dv.stride(2);
+    params.dq_accum_ptr = dq_accum.data_ptr();
+    params.dk_accum_ptr = dk_accum.data_ptr();
+    params.dv_accum_ptr = dv_accum.data_ptr();
+    params.dsoftmax_sum = dsum.data_ptr();
+    params.deterministic = false;
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    dispatch_dtype(q.scalar_type(), [&](auto element) {
+        run_bwd_sm80<decltype(element)>(params, params.d_rounded, stream);
+    });
+    return {unpad_head_dim(dq, dims.head_dim), unpad_head_dim(dk, dims.head_dim),
+            unpad_head_dim(dv, dims.head_dim)};
+}
+
 }  // namespace
 
 FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -294,13 +392,16 @@ BwdResult mha_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, con
                        const Tensor& out, const Tensor& softmax_lse,
                        const OptTensor& alibi_slopes, double dropout_p, double softmax_scale,
                        bool causal, int64_t window_size_left, int64_t window_size_right,
-                       double softcap, bool /*deterministic: the reference always is*/,
-                       const Tensor& rng_state) {
+                       double softcap, bool deterministic, const Tensor& rng_state) {
     const CheckedCall call =
         bwd_prologue(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, softmax_scale,
                      causal, window_size_left, window_size_right, softcap, rng_state);
     c10::cuda::CUDAGuard guard(q.device());
-    // No backward kernel yet (issue: backward kernels): the exact reference.
+    // The sm80 kernel (opt-in: FLASH_CUDA_BWD_KERNEL=1) where it covers the call; else the exact
+    // reference, deterministic.
+    if (bwd_kernel_covers(q, call.dims, call.opts, deterministic)) {
+        return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts);
+    }
     return reference::bwd(dout, q, k, v, out, softmax_lse, call.opts);
 }
 

@@ -32,6 +32,11 @@ namespace flash_cuda {
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream);
 
+// Portable tensor-core backward (mma.sync, sm80+), fixed length, no softcap / ALiBi / dropout,
+// head dims 64 and 128 (kernels/sm80/bwd_launch.cuh lists the workspaces the caller provides).
+template <typename Element, int HeadDim, bool Causal>
+void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream);
+
 // Split-KV combine: merges params.num_splits fp32 partial outputs (oaccum_ptr) and lses
 // (softmax_lseaccum_ptr) into o_ptr (Element) and softmax_lse_ptr. csrc/kernels/combine.cu.
 template <typename Element>

@@ -1,0 +1,455 @@
+// FlashAttention-2-style backward on tensor cores with mma.sync (sm80+), fixed length only.
+//
+// Three kernels per call (bwd_launch.cuh):
+//   1. preprocess: D[b, h, i] = sum_c dO[i, c] O[i, c] (fp32), one warp per query row.
+//   2. main: one CTA per (key block of kBlockN rows, batch, query head). K_n, V_n go to shared
+//      memory once; the CTA loops over the query blocks that can see some key of the block:
+//        Q_m, dO_m -> shared (cp.async), lse_m (in base 2) and D_m -> shared (fp32)
+//        S^T  = K Q^T        (warps split the keys: each warp owns kKeyTiles x 16 key rows)
+//        dP^T = V dO^T
+//        P^T  = exp2(S^T scale log2(e) - lse log2(e)),   0 where masked
+//        dZ^T = P^T (dP^T - D)                 (gradient of the scaled scores z = scale s)
+//        dV  += P^T dO,  dK += dZ^T Q          (P^T / dZ^T straight from the accumulators into
+//                                              A fragments, fp32 accumulators in registers)
+//        dZ^T -> shared (Element); dQ += dZ K  (warps split query rows x head-dim columns;
+//                                              fp32 atomicAdd into dq_accum)
+//      At the end dK, dV (fp32, unscaled) go to the per-query-head workspaces dk_accum /
+//      dv_accum (b, h, seqlen_k_rounded, HeadDim): written once by one CTA, no atomics.
+//   3. postprocess: dq = scale * dq_accum, dk = scale * sum over the query heads of a KV head of
+//      dk_accum (fixed order: bitwise reproducible), dv likewise without the scale; converted to
+//      Element and written with the output strides.
+// Rows with no visible key have lse = +inf: P = 0 there, so their gradients are 0.
+// Not handled here (the host routes them to the reference): varlen, softcap, ALiBi, dropout,
+// deterministic dQ.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/mask.cuh"
+#include "kernels/params.h"
+#include "kernels/ptx.cuh"
+#include "kernels/sm80/tile_io.cuh"
+#include "kernels/sm80/warp_gemm.cuh"
+
+namespace flash_cuda {
+namespace sm80 {
+
+// Tile configuration of the backward. kBlockN keys per CTA, kBlockM queries per iteration,
+// kNWarps warps. Warps split the keys for S^T, dP^T, dV, dK (kKeyTiles 16-row slices each) and
+// split (query rows x head-dim columns) for dQ (kDqWarpsM x kDqWarpsD warps, each 16 rows x
+// kDqCols columns).
+template <int HeadDim, int BlockM, int BlockN, int NWarps>
+struct BwdTraits {
+    static constexpr int kHeadDim = HeadDim;
+    static constexpr int kBlockM = BlockM;
+    static constexpr int kBlockN = BlockN;
+    static constexpr int kNWarps = NWarps;
+    static constexpr int kNThreads = NWarps * 32;
+    static constexpr int kKeyTiles = BlockN / (16 * NWarps);
+    static constexpr int kDTiles = HeadDim / 8;
+    static constexpr int kDqWarpsM = BlockM / 16;
+    static constexpr int kDqWarpsD = NWarps / kDqWarpsM;
+    static constexpr int kDqCols = HeadDim / kDqWarpsD;
+    static constexpr int kDqDTiles = kDqCols / 8;
+
+    using QTile = SwizzledTile<BlockM, HeadDim>;   // Q and dO
+    using KVTile = SwizzledTile<BlockN, HeadDim>;  // K and V
+    using DSTile = SwizzledTile<BlockN, BlockM>;   // dZ^T (keys x queries)
+    using QCopy = TileCopy<QTile, kNThreads>;
+    using KVCopy = TileCopy<KVTile, kNThreads>;
+
+    static constexpr int kSmemKOffset = 0;
+    static constexpr int kSmemVOffset = kSmemKOffset + KVTile::kBytes;
+    static constexpr int kSmemQOffset = kSmemVOffset + KVTile::kBytes;
+    static constexpr int kSmemDOOffset = kSmemQOffset + QTile::kBytes;
+    static constexpr int kSmemDSOffset = kSmemDOOffset + QTile::kBytes;
+    static constexpr int kSmemLseOffset = kSmemDSOffset + DSTile::kBytes;  // kBlockM floats
+    static constexpr int kSmemDOffset = kSmemLseOffset + BlockM * 4;      // kBlockM floats
+    static constexpr int kSmemBytes = kSmemDOffset + BlockM * 4;
+
+    // S^T = K Q^T (and dP^T = V dO^T) in the shape warp_gemm_qk expects: A tile = K, B = Q.
+    struct ScoreGemm {
+        static constexpr int kHeadDim = HeadDim;
+        static constexpr int kMTiles = kKeyTiles;
+        static constexpr int kNTiles = BlockM / 8;
+        using QTile = SwizzledTile<BlockN, HeadDim>;   // the A operand: K (or V)
+        using KVTile = SwizzledTile<BlockM, HeadDim>;  // the B operand: Q (or dO)
+    };
+    // dV += P^T dO (and dK += dZ^T Q) in the shape warp_gemm_pv expects: k dim = the queries.
+    struct GradGemm {
+        static constexpr int kHeadDim = HeadDim;
+        static constexpr int kMTiles = kKeyTiles;
+        static constexpr int kBlockN = BlockM;
+        static constexpr int kNTiles = BlockM / 8;  // S^T accumulator tiles (the P^T source)
+        static constexpr int kDTiles = HeadDim / 8;
+        using KVTile = SwizzledTile<BlockM, HeadDim>;
+    };
+
+    static_assert(HeadDim % 64 == 0, "backward: head dim 64 or 128");
+    static_assert(BlockN % (16 * NWarps) == 0, "each warp owns whole 16-key slices");
+    static_assert(BlockM % 16 == 0 && NWarps % kDqWarpsM == 0, "dQ warp grid");
+    static_assert(kDqCols % 16 == 0 && (kDqCols & (kDqCols - 1)) == 0,
+                  "dQ column slices: power of two, at least 16");
+    static_assert(128 % BlockM == 0 && 128 % BlockN == 0, "workspaces are rounded to 128 rows");
+    static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+};
+
+template <int HeadDim>
+struct BwdConfig;
+// 64 x 128, 8 warps: per thread dK + dV 64 floats, S^T + dP^T 64 floats. 66 KB.
+template <> struct BwdConfig<64> { using Traits = BwdTraits<64, 64, 128, 8>; };
+// 64 x 128, 8 warps: per thread dK + dV 128 floats, S^T + dP^T 64 floats. 114 KB.
+template <> struct BwdConfig<128> { using Traits = BwdTraits<128, 64, 128, 8>; };
+
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename Element>
+__device__ __forceinline__ Element from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// D = rowsum(dO * O), fp32 (b, h, seqlen_q_rounded). One warp per (batch, head, query row).
+template <typename Element>
+__global__ void mha_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
+    const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
+    if (warp_id >= rows) return;
+    const int row = static_cast<int>(warp_id % params.seqlen_q);
+    const int64_t bh = warp_id / params.seqlen_q;
+    const int head = static_cast<int>(bh % params.h);
+    const int batch = static_cast<int>(bh / params.h);
+    const Element* o = reinterpret_cast<const Element*>(params.o_ptr) + batch * params.o_batch_stride +
+                       row * params.o_row_stride + head * params.o_head_stride;
+    const Element* d_o = reinterpret_cast<const Element*>(params.do_ptr) +
+                         batch * params.do_batch_stride + row * params.do_row_stride +
+                         head * params.do_head_stride;
+    float sum = 0.f;
+    for (int c = lane; c < params.d; c += 32) sum += to_float(o[c]) * to_float(d_o[c]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) {
+        reinterpret_cast<float*>(params.dsoftmax_sum)[bh * params.seqlen_q_rounded + row] = sum;
+    }
+}
+
+// Query side of the mask for S^T fragments: element (mt, nt, e) holds key
+// key0 + 16 mt + 8 (e / 2) and query q0 + 8 nt + (e % 2). Returns whether it is visible.
+__device__ __forceinline__ bool key_visible(const KeyRange& range, int key, int query) {
+    return key >= query + range.begin_shift && key < min(range.seqlen_k, query + range.end_shift);
+}
+
+// dQ (rows 16 wm .., columns col0 ..) += dZ (from the dZ^T tile, transposed by ldmatrix) K.
+template <typename Element, typename Traits>
+__device__ __forceinline__ void warp_gemm_dq(float (&acc)[Traits::kDqDTiles][4], uint32_t ds_smem,
+                                             uint32_t k_smem, int wm, int col0, int lane) {
+    using DSTile = typename Traits::DSTile;
+    using KVTile = typename Traits::KVTile;
+    lane = ptx::opaque(lane);
+    // A (dZ, queries x keys) from dZ^T (keys x queries) with .trans: stored row (key)
+    // lane % 8 + 8 (lane / 16), column (query) 16 wm + 8 ((lane / 8) % 2).
+    const uint32_t a_base =
+        ds_smem + DSTile::byte_offset(lane % 8 + 8 * (lane / 16), 16 * wm + 8 * ((lane / 8) % 2));
+    // B (K, keys x head dim) with .trans, as V in the forward's P V.
+    const uint32_t b_base =
+        k_smem + KVTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), col0 + 8 * (lane / 16));
+    static_for_each<Traits::kBlockN / 16>([&](auto kk) {
+        uint32_t a[4];
+        ptx::ldmatrix_x4_trans(a, DSTile::template stepped<16 * kk, 0>(a_base));
+        static_for_each<Traits::kDqDTiles / 2>([&](auto dp) {
+            uint32_t b[4];
+            ptx::ldmatrix_x4_trans(b, KVTile::template stepped<16 * kk, 16 * dp>(b_base));
+            ptx::mma_16816<Element>(acc[2 * dp], a, b[0], b[1]);
+            ptx::mma_16816<Element>(acc[2 * dp + 1], a, b[2], b[3]);
+        });
+    });
+}
+
+template <typename Element, typename Traits, bool Causal>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    mha_bwd_sm80_kernel(const __grid_constant__ BwdParams params) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kKeyTiles = Traits::kKeyTiles;
+    constexpr int kQTiles8 = kBlockM / 8;
+    constexpr int kDTiles = Traits::kDTiles;
+    using ScoreGemm = typename Traits::ScoreGemm;
+    using GradGemm = typename Traits::GradGemm;
+
+    unsigned char* smem = ptx::dynamic_smem();
+    const uint32_t smem_base = ptx::smem_addr(smem);
+    const uint32_t smem_k = smem_base + Traits::kSmemKOffset;
+    const uint32_t smem_v = smem_base + Traits::kSmemVOffset;
+    const uint32_t smem_q = smem_base + Traits::kSmemQOffset;
+    const uint32_t smem_do = smem_base + Traits::kSmemDOOffset;
+    const uint32_t smem_ds = smem_base + Traits::kSmemDSOffset;
+    float* smem_lse = reinterpret_cast<float*>(smem + Traits::kSmemLseOffset);
+    float* smem_dsum = reinterpret_cast<float*>(smem + Traits::kSmemDOffset);
+
+    const int tid = threadIdx.x;
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    const int n_block = blockIdx.x;
+    const int batch = blockIdx.y;
+    const int head = blockIdx.z;
+    const int n0 = n_block * kBlockN;
+    const int seqlen_q = params.seqlen_q;
+    const int seqlen_k = params.seqlen_k;
+    const int valid_keys = min(kBlockN, seqlen_k - n0);
+
+    AttentionMask mask;
+    mask.seqlen_k = seqlen_k;
+    mask.diag = seqlen_k - seqlen_q;
+    mask.window_left = params.window_size_left >= seqlen_k ? -1 : params.window_size_left;
+    mask.window_right =
+        Causal ? 0 : (params.window_size_right >= seqlen_k ? -1 : params.window_size_right);
+    const KeyRange range = KeyRange::make(mask);
+
+    // Queries i that see some key j of [n0, n0 + valid_keys):
+    //   j >= i + begin_shift  and  j < i + end_shift   =>   n0 - end_shift < i <= last - begin_shift.
+    int64_t q_lo = static_cast<int64_t>(n0) - range.end_shift + 1;
+    q_lo = q_lo < 0 ? 0 : q_lo;
+    int64_t q_hi = static_cast<int64_t>(n0) + valid_keys - range.begin_shift;  // exclusive
+    q_hi = q_hi > seqlen_q ? seqlen_q : q_hi;
+    const int m_block_min = static_cast<int>(q_lo / kBlockM);
+    const int m_block_max =
+        q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_block_min;
+
+    const int kv_head = head / params.h_h_k_ratio;
+    const Element* k_tile = reinterpret_cast<const Element*>(params.k_ptr) +
+                            batch * params.k_batch_stride + kv_head * params.k_head_stride +
+                            static_cast<int64_t>(n0) * params.k_row_stride;
+    const Element* v_tile = reinterpret_cast<const Element*>(params.v_ptr) +
+                            batch * params.v_batch_stride + kv_head * params.v_head_stride +
+                            static_cast<int64_t>(n0) * params.v_row_stride;
+    Traits::KVCopy::load_async(smem_k, k_tile, params.k_row_stride, valid_keys, params.d, tid);
+    Traits::KVCopy::load_async(smem_v, v_tile, params.v_row_stride, valid_keys, params.d, tid);
+    ptx::cp_async_commit();
+
+    float acc_dk[kKeyTiles][kDTiles][4];
+    float acc_dv[kKeyTiles][kDTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc_dk[mt][dt][e] = 0.f;
+                acc_dv[mt][dt][e] = 0.f;
+            }
+        }
+    }
+
+    const float scale_log2 = params.scale_softmax_log2;
+    const int warp_key0 = warp * 16 * kKeyTiles;  // in the tile
+    const Element* q_head = reinterpret_cast<const Element*>(params.q_ptr) +
+                            batch * params.q_batch_stride + head * params.q_head_stride;
+    const Element* do_head = reinterpret_cast<const Element*>(params.do_ptr) +
+                             batch * params.do_batch_stride + head * params.do_head_stride;
+    const int64_t bh = static_cast<int64_t>(batch) * params.h + head;
+    const float* lse_head = params.softmax_lse_ptr + bh * seqlen_q;
+    const float* dsum_head =
+        reinterpret_cast<const float*>(params.dsoftmax_sum) + bh * params.seqlen_q_rounded;
+    float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
+                     bh * params.seqlen_q_rounded * Traits::kHeadDim;
+
+    for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
+        const int m0 = m_block * kBlockM;
+        const int valid_q = min(kBlockM, seqlen_q - m0);
+        __syncthreads();  // every warp is done with the previous Q, dO, dZ^T, lse, D
+        Traits::QCopy::load_async(smem_q, q_head + static_cast<int64_t>(m0) * params.q_row_stride,
+                                  params.q_row_stride, valid_q, params.d, tid);
+        Traits::QCopy::load_async(smem_do,
+                                  do_head + static_cast<int64_t>(m0) * params.do_row_stride,
+                                  params.do_row_stride, valid_q, params.d, tid);
+        ptx::cp_async_commit();
+        for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
+            const bool ok = r < valid_q;
+            smem_lse[r] = ok ? lse_head[m0 + r] * static_cast<float>(M_LOG2E) : INFINITY;
+            smem_dsum[r] = ok ? dsum_head[m0 + r] : 0.f;
+        }
+        ptx::cp_async_wait<0>();
+        __syncthreads();
+
+        float acc_s[kKeyTiles][kQTiles8][4];
+        float acc_dp[kKeyTiles][kQTiles8][4];
+#pragma unroll
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kQTiles8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc_s[mt][nt][e] = 0.f;
+                    acc_dp[mt][nt][e] = 0.f;
+                }
+            }
+        }
+        warp_gemm_qk<Element, ScoreGemm>(acc_s, smem_k, smem_q, warp_key0, lane);
+        warp_gemm_qk<Element, ScoreGemm>(acc_dp, smem_v, smem_do, warp_key0, lane);
+
+        // P^T (in acc_s) and dZ^T (in acc_dp).
+        const int key0 = n0 + warp_key0 + lane / 4;  // key of element (0, 0, 0)
+        const int qcol0 = 2 * (lane % 4);            // query (in the block) of element (0, 0, 0)
+#pragma unroll
+        for (int nt = 0; nt < kQTiles8; ++nt) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int qi = qcol0 + 8 * nt + c;
+                const float lse_log2 = smem_lse[qi];
+                const float dsum = smem_dsum[qi];
+#pragma unroll
+                for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int key = key0 + 16 * mt + 8 * half;
+                        const int e = 2 * half + c;
+                        const bool visible = key_visible(range, key, m0 + qi);
+                        const float p =
+                            visible ? ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -lse_log2))
+                                    : 0.f;
+                        acc_s[mt][nt][e] = p;
+                        acc_dp[mt][nt][e] = p * (acc_dp[mt][nt][e] - dsum);
+                    }
+                }
+            }
+        }
+
+        uint32_t frag[kKeyTiles][kBlockM / 16][4];
+        convert_p_to_a_fragments<Element, GradGemm>(frag, acc_s);
+        warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
+        convert_p_to_a_fragments<Element, GradGemm>(frag, acc_dp);
+        warp_gemm_pv<Element, GradGemm>(acc_dk, frag, smem_q, lane);
+
+        // dZ^T -> shared memory: thread's element (mt, nt, 2 half + c) at key row
+        // warp_key0 + 16 mt + 8 half + lane / 4, query column 8 nt + 2 (lane % 4) + c.
+        {
+            const uint32_t ds_thread =
+                smem_ds + Traits::DSTile::byte_offset(warp_key0 + lane / 4, 2 * (lane % 4));
+            static_for_each<kKeyTiles>([&](auto mt) {
+                static_for_each<2>([&](auto half) {
+                    static_for_each<kQTiles8>([&](auto nt) {
+                        ptx::st_shared_4(
+                            Traits::DSTile::template stepped<16 * mt + 8 * half, 8 * nt>(ds_thread),
+                            frag[mt][nt / 2][(nt % 2) * 2 + half]);
+                    });
+                });
+            });
+        }
+        __syncthreads();
+
+        // dQ += dZ K: warp (wm, wd) owns query rows 16 wm .. +15, columns wd kDqCols .. .
+        {
+            const int wm = warp % Traits::kDqWarpsM;
+            const int wd = warp / Traits::kDqWarpsM;
+            float acc_dq[Traits::kDqDTiles][4];
+#pragma unroll
+            for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
+            }
+            warp_gemm_dq<Element, Traits>(acc_dq, smem_ds, smem_k, wm, wd * Traits::kDqCols, lane);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = 16 * wm + 8 * half + lane / 4;
+                if (row < valid_q) {
+                    float* dq_row = dq_head + static_cast<int64_t>(m0 + row) * Traits::kHeadDim +
+                                    wd * Traits::kDqCols + 2 * (lane % 4);
+#pragma unroll
+                    for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
+                        atomicAdd(dq_row + 8 * dt, acc_dq[dt][2 * half]);
+                        atomicAdd(dq_row + 8 * dt + 1, acc_dq[dt][2 * half + 1]);
+                    }
+                }
+            }
+        }
+    }
+
+    ptx::cp_async_wait<0>();  // a CTA without query blocks still has its K / V copies in flight
+
+    // dK, dV (fp32, unscaled) -> per-query-head workspaces (b, h, seqlen_k_rounded, HeadDim).
+    const int64_t ws_offset =
+        (bh * params.seqlen_k_rounded + n0 + warp_key0 + lane / 4) * Traits::kHeadDim +
+        2 * (lane % 4);
+    float* dk_ws = reinterpret_cast<float*>(params.dk_accum_ptr) + ws_offset;
+    float* dv_ws = reinterpret_cast<float*>(params.dv_accum_ptr) + ws_offset;
+#pragma unroll
+    for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int64_t row_off = (16 * mt + 8 * half) * Traits::kHeadDim;
+#pragma unroll
+            for (int dt = 0; dt < kDTiles; ++dt) {
+                *reinterpret_cast<float2*>(dk_ws + row_off + 8 * dt) =
+                    make_float2(acc_dk[mt][dt][2 * half], acc_dk[mt][dt][2 * half + 1]);
+                *reinterpret_cast<float2*>(dv_ws + row_off + 8 * dt) =
+                    make_float2(acc_dv[mt][dt][2 * half], acc_dv[mt][dt][2 * half + 1]);
+            }
+        }
+    }
+}
+
+// dq (b, seqlen_q, h, d) = scale * dq_accum (b, h, seqlen_q_rounded, HeadDim). One thread per
+// element (grid-stride).
+template <typename Element, int HeadDim>
+__global__ void mha_bwd_convert_dq_kernel(const __grid_constant__ BwdParams params) {
+    const int64_t total = static_cast<int64_t>(params.b) * params.seqlen_q * params.h * params.d;
+    const float* acc = reinterpret_cast<const float*>(params.dq_accum_ptr);
+    Element* dq = reinterpret_cast<Element*>(params.dq_ptr);
+    for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+         idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int c = static_cast<int>(idx % params.d);
+        int64_t rest = idx / params.d;
+        const int head = static_cast<int>(rest % params.h);
+        rest /= params.h;
+        const int row = static_cast<int>(rest % params.seqlen_q);
+        const int batch = static_cast<int>(rest / params.seqlen_q);
+        const float v = acc[((static_cast<int64_t>(batch) * params.h + head) * params.seqlen_q_rounded +
+                             row) * HeadDim + c];
+        dq[batch * params.dq_batch_stride + row * params.dq_row_stride +
+           head * params.dq_head_stride + c] = from_float<Element>(v * params.scale_softmax);
+    }
+}
+
+// dk (b, seqlen_k, h_k, d) = scale * sum_g dk_accum[b, kv_head * ratio + g], dv likewise without
+// the scale; g in increasing order (bitwise reproducible).
+template <typename Element, int HeadDim>
+__global__ void mha_bwd_convert_dkv_kernel(const __grid_constant__ BwdParams params) {
+    const int64_t total = static_cast<int64_t>(params.b) * params.seqlen_k * params.h_k * params.d;
+    const float* acc_k = reinterpret_cast<const float*>(params.dk_accum_ptr);
+    const float* acc_v = reinterpret_cast<const float*>(params.dv_accum_ptr);
+    Element* dk = reinterpret_cast<Element*>(params.dk_ptr);
+    Element* dv = reinterpret_cast<Element*>(params.dv_ptr);
+    const int ratio = params.h_h_k_ratio;
+    const int64_t head_stride = static_cast<int64_t>(params.seqlen_k_rounded) * HeadDim;
+    for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+         idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int c = static_cast<int>(idx % params.d);
+        int64_t rest = idx / params.d;
+        const int kv_head = static_cast<int>(rest % params.h_k);
+        rest /= params.h_k;
+        const int row = static_cast<int>(rest % params.seqlen_k);
+        const int batch = static_cast<int>(rest / params.seqlen_k);
+        const int64_t base =
+            ((static_cast<int64_t>(batch) * params.h + kv_head * ratio) * params.seqlen_k_rounded +
+             row) * HeadDim + c;
+        float sk = 0.f, sv = 0.f;
+        for (int g = 0; g < ratio; ++g) {
+            sk += acc_k[base + g * head_stride];
+            sv += acc_v[base + g * head_stride];
+        }
+        dk[batch * params.dk_batch_stride + row * params.dk_row_stride +
+           kv_head * params.dk_head_stride + c] = from_float<Element>(sk * params.scale_softmax);
+        dv[batch * params.dv_batch_stride + row * params.dv_row_stride +
+           kv_head * params.dv_head_stride + c] = from_float<Element>(sv);
+    }
+}
+
+}  // namespace sm80
+}  // namespace flash_cuda
