@@ -26,6 +26,20 @@
 
 namespace flash_cuda {
 
+// Lets `kernel` launch with `bytes` of dynamic shared memory (an opt-in above 48 KB); throws,
+// naming `what`, when the GPU cannot give that much to one CTA.
+template <typename Kernel>
+inline void reserve_dynamic_smem(Kernel kernel, int bytes, const char* what) {
+    if (bytes <= 48 * 1024) return;
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) {
+        throw std::runtime_error(std::string("flash_cuda: cannot reserve ") +
+                                 std::to_string(bytes) + " bytes of shared memory for the " +
+                                 what + ": " + cudaGetErrorString(err));
+    }
+}
+
 // Portable tensor-core forward (mma.sync, sm80+). Element: __half or __nv_bfloat16.
 // HeadDim: the kernel's head dim (params.d <= HeadDim; inputs are padded to a multiple of 8).
 // Instantiated per (Element, HeadDim, Causal) in csrc/instantiations/ (generate_kernels.py).

@@ -38,16 +38,7 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
     if (params.seqlen_k > 0) {
         auto kernel = &sm80::mha_bwd_sm80_kernel<Element, Traits, Causal>;
         constexpr int kSmemBytes = Traits::kSmemBytes;
-        if constexpr (kSmemBytes > 48 * 1024) {
-            const cudaError_t err = cudaFuncSetAttribute(
-                kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-            if (err != cudaSuccess) {
-                throw std::runtime_error(std::string("flash_cuda: cannot reserve ") +
-                                         std::to_string(kSmemBytes) +
-                                         " bytes of shared memory for the backward kernel: " +
-                                         cudaGetErrorString(err));
-            }
-        }
+        reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel");
         const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b,
                         params.h);
         kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);

@@ -43,16 +43,7 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
             auto kernel =
                 &sm80::mha_fwd_sm80_kernel<Element, KernelTraits, Causal, kHasAlibi, kHasSoftcap>;
             constexpr int kSmemBytes = KernelTraits::kSmemBytes;
-            if constexpr (kSmemBytes > 48 * 1024) {
-                const cudaError_t err = cudaFuncSetAttribute(
-                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-                if (err != cudaSuccess) {
-                    throw std::runtime_error(std::string("flash_cuda: cannot reserve ") +
-                                             std::to_string(kSmemBytes) +
-                                             " bytes of shared memory for the forward kernel: " +
-                                             cudaGetErrorString(err));
-                }
-            }
+            reserve_dynamic_smem(kernel, kSmemBytes, "forward kernel");
             const int num_m_blocks =
                 (params.seqlen_q + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM;
             const dim3 grid(num_m_blocks, params.b, params.h);
