@@ -7,7 +7,6 @@ inputs (raw storage + strides), runs the emulator binary for the kernel head dim
 
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
 import subprocess
@@ -15,24 +14,9 @@ import tempfile
 
 import torch
 
-from driver import CUDA_INCLUDE, HERE, ROOT, _write_storage, build_dir, normalize_mask, pad8, sources
+from driver import _write_storage, emulator_binary, normalize_mask, pad8
 
 BWD_HEAD_DIMS = (64, 128)
-
-
-def emulator_binary(head_dim: int) -> pathlib.Path:
-    exe = build_dir() / f"bwd_emulated_hdim{head_dim}"
-    newest = max(p.stat().st_mtime for p in sources())
-    if exe.exists() and exe.stat().st_mtime >= newest:
-        return exe
-    cmd = [
-        os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-pthread", f"-DEMU_HEAD_DIM={head_dim}",
-        "-include", str(HERE / "prelude.h"), f"-I{HERE}", f"-I{ROOT / 'csrc'}", f"-I{CUDA_INCLUDE}",
-        str(HERE / "bwd_emulated.cpp"), "-o", str(exe) + ".tmp",
-    ]
-    subprocess.run(cmd, check=True)
-    os.replace(str(exe) + ".tmp", exe)
-    return exe
 
 
 def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window=(-1, -1),
@@ -60,7 +44,8 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
              params[f"{name}_head_stride"]) = strides[0], strides[1], strides[2]
         lse.float().contiguous().numpy().tofile(tmp / "lse.bin")
         (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))
-        subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout)
+        subprocess.run([str(emulator_binary(hd, "bwd_emulated")), str(tmp)], check=True,
+                       timeout=timeout)
 
         def load(name, shape):
             raw = torch.from_file(str(tmp / f"{name}.bin"), size=(tmp / f"{name}.bin").stat().st_size // 2,

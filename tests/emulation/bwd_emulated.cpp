@@ -18,6 +18,7 @@ inline float atomicAdd(float* address, float value) {
 }
 
 #include "kernels/sm80/bwd.cuh"
+#include "host_io.h"
 
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
@@ -26,55 +27,8 @@ thread_local dim3 gridDim;
 namespace {
 
 using flash_cuda::BwdParams;
+using namespace emu_host;
 
-std::vector<unsigned char> read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return {};
-    return std::vector<unsigned char>(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_file(const std::string& path, const void* data, size_t bytes) {
-    std::ofstream f(path, std::ios::binary);
-    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-}
-
-constexpr size_t kGuardBytes = 4096;
-constexpr unsigned char kGuardByte = 0xA5;
-
-struct GuardedBuffer {
-    std::vector<unsigned char> bytes;
-    size_t size;
-    explicit GuardedBuffer(size_t n, unsigned char fill) : bytes(n + 2 * kGuardBytes + 16, kGuardByte), size(n) {
-        std::fill(data(), data() + n, fill);
-    }
-    unsigned char* data() {
-        auto p = reinterpret_cast<uintptr_t>(bytes.data() + kGuardBytes);
-        return reinterpret_cast<unsigned char*>((p + 15) & ~uintptr_t(15));
-    }
-    bool guards_intact() {
-        unsigned char* d = data();
-        for (unsigned char* p = bytes.data(); p < d; ++p) if (*p != kGuardByte) return false;
-        for (unsigned char* p = d + size; p < bytes.data() + bytes.size(); ++p) if (*p != kGuardByte) return false;
-        return true;
-    }
-};
-
-struct Input {
-    std::vector<unsigned char> raw;
-    unsigned char* data = nullptr;
-    size_t size = 0;
-    bool load(const std::string& path) {
-        if (!std::ifstream(path)) return false;
-        std::vector<unsigned char> file = read_file(path);
-        raw.assign(file.size() + 16, 0);
-        auto p = reinterpret_cast<uintptr_t>(raw.data());
-        data = reinterpret_cast<unsigned char*>((p + 15) & ~uintptr_t(15));
-        std::memcpy(data, file.data(), file.size());
-        size = file.size();
-        emu::readable_ranges().push_back({data, size});
-        return true;
-    }
-};
 
 template <typename Kernel>
 void launch(dim3 grid, int threads, size_t smem, Kernel kernel, BwdParams& params) {

@@ -36,16 +36,17 @@ def build_dir() -> pathlib.Path:
     return d
 
 
-def emulator_binary(head_dim: int) -> pathlib.Path:
-    """Builds (if stale) and returns the emulator for one kernel head dim."""
-    exe = build_dir() / f"fwd_emulated_hdim{head_dim}"
+def emulator_binary(head_dim: int, program: str = "fwd_emulated") -> pathlib.Path:
+    """Builds (if stale) and returns an emulator program (fwd_emulated, bwd_emulated) for one
+    kernel head dim."""
+    exe = build_dir() / f"{program}_hdim{head_dim}"
     newest = max(p.stat().st_mtime for p in sources())
     if exe.exists() and exe.stat().st_mtime >= newest:
         return exe
     cmd = [
         os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-pthread", f"-DEMU_HEAD_DIM={head_dim}",
         "-include", str(HERE / "prelude.h"), f"-I{HERE}", f"-I{ROOT / 'csrc'}", f"-I{CUDA_INCLUDE}",
-        str(HERE / "fwd_emulated.cpp"), "-o", str(exe) + ".tmp",
+        str(HERE / f"{program}.cpp"), "-o", str(exe) + ".tmp",
     ]
     subprocess.run(cmd, check=True)
     os.replace(str(exe) + ".tmp", exe)
