@@ -20,9 +20,9 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
 
 from driver import CUDA_INCLUDE, run_fwd_emulated  # noqa: E402
-from naive_attention import normalize_window  # noqa: E402
 from test_fwd_gpu import (  # noqa: E402
-    FEATURES, assert_close_to_oracle, case_id, feature_options, grid_case_inputs, sampled_cases)
+    FEATURES, assert_close_to_oracle, assert_varlen_close_to_oracle, case_id, feature_options,
+    grid_case_inputs, sampled_cases)
 
 pytestmark = [
     pytest.mark.slow,
@@ -92,17 +92,5 @@ def test_varlen_emulated(d, feature):
     out, lse = run_fwd_emulated(
         q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
         max_seqlen_k=max(lens_k), seqused_k=None if used is None else torch.tensor(used), **opts)
-    for i in range(b):
-        qs, qe, ks = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item()
-        ke = ks + (used[i] if used is not None else lens_k[i])
-        seq_opts = dict(opts)
-        # flash_attn's rule: the window is normalised once with max_seqlen_k, then applied as
-        # is to every sequence.
-        seq_opts["window"] = normalize_window(opts.get("causal", False),
-                                              opts.get("window", (-1, -1)), max(lens_k))
-        seq_opts["causal"], seq_opts["normalize"] = False, False
-        slopes = seq_opts.get("alibi_slopes")
-        if slopes is not None and slopes.dim() == 2:
-            seq_opts["alibi_slopes"] = slopes[i]
-        assert_close_to_oracle(out[None, qs:qe], lse[None, :, qs:qe], q[None, qs:qe],
-                               k[None, ks:ke], v[None, ks:ke], **seq_opts)
+    assert_varlen_close_to_oracle(out, lse, q, k, v, cu_q, cu_k,
+                                  used if used is not None else lens_k, max(lens_k), opts)

@@ -244,13 +244,19 @@ def test_varlen(dtype, d, feature):
     poison_allocator(q.numel() * 2 + h * q.shape[0] * 4)
     out, lse = varlen_fwd(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), **opts)
     assert out.shape == q.shape and lse.shape == (h, q.shape[0])
-    for i in range(b):
-        qs, qe, ks, ke = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
+    assert_varlen_close_to_oracle(out, lse, q, k, v, cu_q, cu_k, lens_k, max(lens_k), opts)
+
+
+def assert_varlen_close_to_oracle(out, lse, q, k, v, cu_q, cu_k, used_k, max_seqlen_k, opts):
+    """Each packed sequence against the oracle; sequence i uses its first used_k[i] keys."""
+    for i in range(cu_q.numel() - 1):
+        qs, qe, ks = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item()
+        ke = ks + used_k[i]
         seq_opts = dict(opts)
         # flash_attn's rule: the window is normalised once with max_seqlen_k, then applied as
         # is to every sequence.
         seq_opts["window"] = normalize_window(opts.get("causal", False),
-                                              opts.get("window", (-1, -1)), max(lens_k))
+                                              opts.get("window", (-1, -1)), max_seqlen_k)
         seq_opts["causal"], seq_opts["normalize"] = False, False
         slopes = seq_opts.get("alibi_slopes")
         if slopes is not None and slopes.dim() == 2:
