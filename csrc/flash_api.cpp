@@ -12,7 +12,6 @@
 #include "op_prologue.h"
 #include "kernels/launch.h"
 #include "reference/reference.h"
-#include "rng.h"
 
 #include <cmath>
 #include <cstdlib>

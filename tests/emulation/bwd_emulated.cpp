@@ -62,12 +62,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     const std::string dir = argv[1];
-    std::map<std::string, std::string> kv;
-    {
-        std::ifstream f(dir + "/params.txt");
-        std::string key, value;
-        while (f >> key >> value) kv[key] = value;
-    }
+    const std::map<std::string, std::string> kv = read_params(dir);
     auto geti = [&](const char* k) { return std::stoll(kv.at(k)); };
     auto getf = [&](const char* k) { return std::stof(kv.at(k)); };
     if (geti("hdim") != EMU_HEAD_DIM) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -64,5 +65,14 @@ struct Input {
         return true;
     }
 };
+
+// CASE_DIR/params.txt as a map of "key value" lines.
+inline std::map<std::string, std::string> read_params(const std::string& dir) {
+    std::map<std::string, std::string> kv;
+    std::ifstream f(dir + "/params.txt");
+    std::string key, value;
+    while (f >> key >> value) kv[key] = value;
+    return kv;
+}
 
 }  // namespace emu_host
