@@ -9,7 +9,7 @@
 // natural-log score is s * log2_scale / log2(e). (log2_scale = softmax_scale * log2(e) for
 // plain attention; see fwd.cuh for softcap and ALiBi.) Per row and key block:
 //   m_new = max(m_old, max_j s_j)
-//   p_j   = 2^(s_j * log2_scale - m_new * log2_scale)       one FFMA + ex2 per element
+//   p_j   = 2^((s_j - m_new) * log2_scale)                 (see update: kExactMax)
 //   l     = l * 2^((m_old - m_new) * log2_scale) + sum_j p_j
 //   o     = o * 2^((m_old - m_new) * log2_scale)             (then o += P V)
 // Masked scores are -inf and give p = 0; a row whose scores are all -inf so far keeps
@@ -52,7 +52,12 @@ struct OnlineSoftmax {
     // Folds one key block into the running statistics: turns the scores `s` (kMTiles x kNTiles
     // x 4) into probabilities p (fp32, relative to the new row max) in place and rescales the
     // output accumulator `o` (kMTiles x kDTiles x 4) to the new max.
-    template <int kNTiles, int kDTiles>
+    // kExactMax: p = 2^((s - max) c), so the row maximum gets p = 1 exactly (FADD + FMUL per
+    // element); else the fused 2^(s c - max c) (one FFMA), whose max * c rounding residual r
+    // gives the maximum p = 2^r: rounded to 16 bits for P V against the fp32 sum l, one-hot rows
+    // with |s c| ~ 1e4 are then off by up to 2^-11 relative. The softcap kernels use the fused
+    // form (their scores are bounded by the cap, and the exact one spills at d128).
+    template <bool kExactMax = true, int kNTiles, int kDTiles>
     __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
                                            float (&o)[kMTiles][kDTiles][4], float log2_scale) {
 #pragma unroll
@@ -65,7 +70,9 @@ struct OnlineSoftmax {
                     block_max = fmaxf(block_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
                 }
                 const float new_max = quad_allreduce_max(block_max);
-                // Exponent offset of this row; 0 while the row has seen only masked keys.
+                // Exponent offset of this row (S units); 0 while the row has seen only masked
+                // keys (then every s is -inf and gives p = 0, never inf - inf).
+                const float max_offset = new_max == -INFINITY ? 0.f : new_max;
                 const float max_scaled = new_max == -INFINITY ? 0.f : new_max * log2_scale;
                 // Rescale factor of o and l: 0 when the old max was -inf (o and l are 0 then),
                 // exactly 1 when the max did not move. Subtract before scaling: the fused form
@@ -81,7 +88,9 @@ struct OnlineSoftmax {
                 for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
                     for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                        const float p = ptx::exp2_approx(fmaf(s[mt][nt][e], log2_scale, -max_scaled));
+                        const float p = ptx::exp2_approx(
+                            kExactMax ? (s[mt][nt][e] - max_offset) * log2_scale
+                                      : fmaf(s[mt][nt][e], log2_scale, -max_scaled));
                         s[mt][nt][e] = p;
                         block_sum += p;
                     }

@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                       n_block * kBlockN < cta.unmasked_keys_begin;
         if (block_needs_mask) apply_mask(acc_s, cta.key_range, frag_row0, frag_col0);
 
-        softmax.update(acc_s, acc_o, log2_scale);
+        softmax.template update</*kExactMax=*/!HasSoftcap>(acc_s, acc_o, log2_scale);
         // (Dropout would be applied to acc_s here, after the row sums.)
         uint32_t p_frag[kMTiles][kBlockN / 16][4];
         convert_p_to_a_fragments<Element, Traits>(p_frag, acc_s);
