@@ -92,9 +92,7 @@ int main(int argc, char** argv) {
     p.d = geti("d");
     p.d_rounded = EMU_HEAD_DIM;
     p.total_q = geti("total_q");
-    p.scale_softmax = getf("scale");
-    p.scale_softmax_log2 = p.scale_softmax * static_cast<float>(M_LOG2E);
-    p.softcap = getf("softcap");
+    set_score_scales(p, getf("scale"), getf("softcap"));
     p.window_size_left = geti("window_left");
     p.window_size_right = geti("window_right");
     p.is_causal = geti("causal") != 0;

@@ -3,6 +3,7 @@
 //
 //   S (kWarpRows x kBlockN, fp32) += Q[warp rows] (kWarpRows x HeadDim) * K^T   (K: kBlockN x HeadDim)
 //   O (kWarpRows x HeadDim, fp32) += P (kWarpRows x kBlockN, from S registers) * V   (V: kBlockN x HeadDim)
+//   l (kWarpRows x 8, fp32)       += P * ones (kBlockN x 8): the softmax row sums of the 16-bit P
 //
 // ldmatrix.x4 lane addresses (lane l gives the 16-byte row of matrix l / 8; see ptx.cuh):
 //   Q (A operand, 16 rows x 16 k):  row l % 16,                col 8 (l / 16)
@@ -74,15 +75,37 @@ __device__ __forceinline__ void convert_p_to_a_fragments(
     }
 }
 
-// acc[kMTiles][kDTiles][4] += P * V_tile, with P given as A fragments (convert_p_to_a_fragments).
-// v_smem: shared address of one V tile.
+// A pair of 16-bit ones: the B fragment of a matrix of ones (no shared memory needed).
+template <typename Element>
+constexpr uint32_t kPackedOnes = 0;
+template <>
+constexpr uint32_t kPackedOnes<__half> = 0x3C003C00u;
+template <>
+constexpr uint32_t kPackedOnes<__nv_bfloat16> = 0x3F803F80u;
+
+// acc[kMTiles][kDTiles][4] += P * V_tile and row_sum[kMTiles][2] (rows g, g + 8) += P * ones
+// (the row sums of the 16-bit P), with P given as A
+// fragments (convert_p_to_a_fragments). v_smem: shared address of one V tile.
 template <typename Element, typename Traits>
 __device__ __forceinline__ void warp_gemm_pv(
-    float (&acc)[Traits::kMTiles][Traits::kDTiles][4],
+    float (&acc)[Traits::kMTiles][Traits::kDTiles][4], float (&row_sum)[Traits::kMTiles][2],
     const uint32_t (&p_frag)[Traits::kMTiles][Traits::kBlockN / 16][4], uint32_t v_smem, int lane) {
     using VTile = typename Traits::KVTile;
     lane = ptx::opaque(lane);
     const uint32_t v_base = v_smem + VTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
+    // Row sums first, one 16-row slice at a time into a short-lived fragment (every column of
+    // P * ones is the row sum; elements 0 and 2 are added to the running sums).
+#pragma unroll
+    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+        float block_sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
+            ptx::mma_16816<Element>(block_sum, p_frag[mt][kk], kPackedOnes<Element>,
+                                    kPackedOnes<Element>);
+        }
+        row_sum[mt][0] += block_sum[0];
+        row_sum[mt][1] += block_sum[2];
+    }
     static_for_each<Traits::kBlockN / 16>([&](auto kk) {
         static_for_each<Traits::kHeadDim / 16>([&](auto dp) {
             uint32_t b[4];
