@@ -353,8 +353,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (it + kStages < n_iters) load_k(it + kStages, static_cast<const Element*>(cta.k_seq));
         ptx::cp_async_commit();
 
-        warp_gemm_pv<Element, Traits>(acc_o, softmax.row_sum, p_frag,
-                                      smem_v + slot * Traits::kSmemKVTileBytes, lane);
+        warp_gemm_p_rowsum<Element, Traits>(softmax.row_sum, p_frag);
+        warp_gemm_pv<Element, Traits>(acc_o, p_frag, smem_v + slot * Traits::kSmemKVTileBytes, lane);
     }
     ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway
 

@@ -96,12 +96,15 @@ template <> struct FwdConfig<128> { using Traits = FwdTraits<128, 128, 64, 4, 2>
 // for each other; 1.19-1.25x the 128 x 64 / 8 warps tile (one CTA per SM) on the H200
 // (bench/NOTES.md, tuning run 9).
 template <> struct FwdConfig<160> { using Traits = FwdTraits<160, 64, 64, 4, 2>; };
-// 128 x 64, 8 warps: S 32 + O 96 floats. 144 KB.
-template <> struct FwdConfig<192> { using Traits = FwdTraits<192, 128, 64, 8, 2>; };
+// 64 x 64, 4 warps, single K/V buffers: S 32 + O 96 floats. 72 KB (two CTAs per SM by
+// registers); 1.09-1.15x the 128 x 64 / 8 warps tile on the H200 (bench/NOTES.md, run 9).
+template <> struct FwdConfig<192> { using Traits = FwdTraits<192, 64, 64, 4, 1>; };
 // 128 x 64, 8 warps, single K/V buffers (A100 shared memory): S 32 + O 112 floats. 112 KB.
 template <> struct FwdConfig<224> { using Traits = FwdTraits<224, 128, 64, 8, 1>; };
-// 128 x 64, 8 warps, single K/V buffers: S 32 + O 128 floats. 128 KB.
-template <> struct FwdConfig<256> { using Traits = FwdTraits<256, 128, 64, 8, 1>; };
+// 64 x 64, 4 warps, single K/V buffers: S 32 + O 128 floats. 96 KB: two CTAs per SM; 1.12-1.17x
+// the 128 x 64 / 8 warps tile (one CTA per SM: each barrier stalls all its 8 warps) on the H200
+// (bench/NOTES.md, run 9).
+template <> struct FwdConfig<256> { using Traits = FwdTraits<256, 64, 64, 4, 1>; };
 
 }  // namespace sm80
 }  // namespace flash_cuda

@@ -35,13 +35,13 @@ template <> struct FwdTuneConfig<160, 1> { static constexpr bool kExists = true;
 template <> struct FwdTuneConfig<160, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<160, 64, 32, 4, 2>; };
 template <> struct FwdTuneConfig<160, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<160, 64, 64, 4, 1>; };
 template <> struct FwdTuneConfig<192, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<192, 64, 64, 4, 2>; };
-template <> struct FwdTuneConfig<192, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<192, 64, 64, 4, 1>; };
+template <> struct FwdTuneConfig<192, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<192, 128, 64, 8, 2>; };
 template <> struct FwdTuneConfig<192, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<192, 128, 64, 8, 1>; };
 template <> struct FwdTuneConfig<224, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<224, 128, 64, 8, 2>; };
 template <> struct FwdTuneConfig<224, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<224, 64, 64, 4, 2>; };
 template <> struct FwdTuneConfig<224, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<224, 64, 32, 4, 2>; };
 template <> struct FwdTuneConfig<256, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 64, 64, 4, 2>; };
-template <> struct FwdTuneConfig<256, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 64, 64, 4, 1>; };
+template <> struct FwdTuneConfig<256, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 128, 64, 8, 1>; };
 template <> struct FwdTuneConfig<256, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 64, 32, 4, 2>; };
 
 }  // namespace sm80

@@ -83,18 +83,13 @@ constexpr uint32_t kPackedOnes<__half> = 0x3C003C00u;
 template <>
 constexpr uint32_t kPackedOnes<__nv_bfloat16> = 0x3F803F80u;
 
-// acc[kMTiles][kDTiles][4] += P * V_tile and row_sum[kMTiles][2] (rows g, g + 8) += P * ones
-// (the row sums of the 16-bit P), with P given as A
-// fragments (convert_p_to_a_fragments). v_smem: shared address of one V tile.
+// row_sum[kMTiles][2] (rows g and g + 8 of each 16-row slice) += P * ones: the row sums of P
+// as rounded to 16 bits for P V, from the tensor cores. Every column of P * ones is the row
+// sum, so one short-lived m16n8 fragment per slice gives whole rows (no quad reduction).
 template <typename Element, typename Traits>
-__device__ __forceinline__ void warp_gemm_pv(
-    float (&acc)[Traits::kMTiles][Traits::kDTiles][4], float (&row_sum)[Traits::kMTiles][2],
-    const uint32_t (&p_frag)[Traits::kMTiles][Traits::kBlockN / 16][4], uint32_t v_smem, int lane) {
-    using VTile = typename Traits::KVTile;
-    lane = ptx::opaque(lane);
-    const uint32_t v_base = v_smem + VTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
-    // Row sums first, one 16-row slice at a time into a short-lived fragment (every column of
-    // P * ones is the row sum; elements 0 and 2 are added to the running sums).
+__device__ __forceinline__ void warp_gemm_p_rowsum(
+    float (&row_sum)[Traits::kMTiles][2],
+    const uint32_t (&p_frag)[Traits::kMTiles][Traits::kBlockN / 16][4]) {
 #pragma unroll
     for (int mt = 0; mt < Traits::kMTiles; ++mt) {
         float block_sum[4] = {0.f, 0.f, 0.f, 0.f};
@@ -106,6 +101,17 @@ __device__ __forceinline__ void warp_gemm_pv(
         row_sum[mt][0] += block_sum[0];
         row_sum[mt][1] += block_sum[2];
     }
+}
+
+// acc[kMTiles][kDTiles][4] += P * V_tile, with P given as A fragments (convert_p_to_a_fragments).
+// v_smem: shared address of one V tile.
+template <typename Element, typename Traits>
+__device__ __forceinline__ void warp_gemm_pv(
+    float (&acc)[Traits::kMTiles][Traits::kDTiles][4],
+    const uint32_t (&p_frag)[Traits::kMTiles][Traits::kBlockN / 16][4], uint32_t v_smem, int lane) {
+    using VTile = typename Traits::KVTile;
+    lane = ptx::opaque(lane);
+    const uint32_t v_base = v_smem + VTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16));
     static_for_each<Traits::kBlockN / 16>([&](auto kk) {
         static_for_each<Traits::kHeadDim / 16>([&](auto dp) {
             uint32_t b[4];
