@@ -139,7 +139,12 @@ def test_graph_replay_equals_eager(rotary, feature):
     layout = 16 if feature == "paged" else "contiguous"
     extra = feature if feature in ("batch_idx", "leftpad") else "none"
     c = (4, 500, 1, 128, 4, layout, rotary, extra, "causal", torch.bfloat16)
-    case = to_device(make_case(c, seed=10, rotary_dim=64), "cuda")
+    case = make_case(c, seed=10, rotary_dim=64)
+    if rotary != "off":  # positions up to the cache length, for every replay below
+        angle = torch.rand(case["capacity"] + 8, 32) * 6.28
+        case["args"]["rotary_cos"] = angle.cos().to(torch.bfloat16)
+        case["args"]["rotary_sin"] = angle.sin().to(torch.bfloat16)
+    case = to_device(case, "cuda")
     a = case["args"]
     seqlens = a["cache_seqlens"]
 
@@ -252,7 +257,7 @@ def test_rejected_cache_dtype_mismatch():
 @needs_cuda
 def test_rejected_cache_overflow():
     case = _cuda_case()
-    case["args"]["cache_seqlens"] = _i32([1, 5])  # 5 + 2 new > 8 slots
+    case["args"]["cache_seqlens"] = _i32([1, 7])  # 7 + 2 new > 8 slots
     _assert_rejected_untouched(case, ValueError, "exceeds the cache length")
 
 
