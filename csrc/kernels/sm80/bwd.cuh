@@ -39,6 +39,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/mask.cuh"
 #include "kernels/params.h"
@@ -103,29 +104,50 @@ struct BwdTraits {
     static_assert(HeadDim % 32 == 0 && HeadDim <= 256, "head dim: multiple of 32, at most 256");
     static_assert(BlockN % (16 * NWarps) == 0, "each warp owns whole 16-key slices");
     static_assert(BlockM % 16 == 0 && NWarps % kDqWarpsM == 0, "dQ warp grid");
-    static_assert(kDqCols % 16 == 0 && kDqCols * kDqWarpsD == HeadDim,
-                  "dQ column slices: whole 16-column pairs");
+    static_assert(kDqCols % 8 == 0 && kDqCols * kDqWarpsD == HeadDim,
+                  "dQ column slices: whole 8-column tiles");
     // The dQ GEMM steps its K fragment addresses with SwizzledTile::stepped when the warp's
     // first column is aligned to the slice width (power-of-two slices); else per-pair bases.
     static constexpr bool kDqColsPow2 = (kDqCols & (kDqCols - 1)) == 0;
     static_assert(128 % BlockM == 0 && 128 % BlockN == 0, "workspaces are rounded to 128 rows");
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+    static_assert(kSmemVOffset == kSmemKOffset + KVTile::kBytes,
+                  "V follows K (the dQ GEMM's odd last tile reads past K)");
 };
 
 template <int HeadDim>
 struct BwdConfig;
 // Per thread: dK + dV accumulators kKeyTiles HeadDim floats (a warp owns 16 kKeyTiles keys x
 // HeadDim twice), S^T + dP^T kKeyTiles kBlockM floats. Shared memory: K, V (kBlockN x d), Q, dO
-// (kBlockM x d), dZ^T (kBlockN x kBlockM), 16-bit, + 2 kBlockM floats. Table with registers and
-// spills: bench/NOTES_kernel_bwd.md.
+// (kBlockM x d), dZ^T (kBlockN x kBlockM), 16-bit, + 2 kBlockM floats. BiasTraits (optional):
+// the tile of the softcap / ALiBi kernels, which keep more values live in the P^T step.
+// Registers, spills and shared memory per instantiation: bench/NOTES_kernel_bwd.md.
 template <> struct BwdConfig<32> { using Traits = BwdTraits<32, 64, 128, 8>; };
-template <> struct BwdConfig<64> { using Traits = BwdTraits<64, 64, 128, 8>; };
+template <> struct BwdConfig<64> {
+    using Traits = BwdTraits<64, 64, 128, 8>;
+    using BiasTraits = BwdTraits<64, 32, 128, 8>;
+};
 template <> struct BwdConfig<96> { using Traits = BwdTraits<96, 64, 128, 8>; };
-template <> struct BwdConfig<128> { using Traits = BwdTraits<128, 64, 128, 8>; };
-template <> struct BwdConfig<160> { using Traits = BwdTraits<160, 32, 128, 8>; };
-template <> struct BwdConfig<192> { using Traits = BwdTraits<192, 32, 128, 8>; };
-template <> struct BwdConfig<224> { using Traits = BwdTraits<224, 32, 128, 8>; };
+template <> struct BwdConfig<128> {
+    using Traits = BwdTraits<128, 64, 128, 8>;
+    using BiasTraits = BwdTraits<128, 32, 128, 8>;
+};
+// d >= 160: the accumulators alone exceed the register file (spills); 32 x 64, 4 warps keeps
+// the S^T / dP^T part small and the shared memory under A100's 163 KB.
+template <> struct BwdConfig<160> { using Traits = BwdTraits<160, 32, 64, 4>; };
+template <> struct BwdConfig<192> { using Traits = BwdTraits<192, 32, 64, 4>; };
+template <> struct BwdConfig<224> { using Traits = BwdTraits<224, 32, 64, 4>; };
 template <> struct BwdConfig<256> { using Traits = BwdTraits<256, 32, 64, 4>; };
+
+// Config::BiasTraits where a head dim defines one, else Config::Traits.
+template <typename Config, typename = void>
+struct BwdBiasTraitsOf {
+    using type = typename Config::Traits;
+};
+template <typename Config>
+struct BwdBiasTraitsOf<Config, std::void_t<typename Config::BiasTraits>> {
+    using type = typename Config::BiasTraits;
+};
 
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -243,7 +265,10 @@ __device__ __forceinline__ void warp_gemm_dq(float (&acc)[Traits::kDqDTiles][4],
     static_for_each<Traits::kBlockN / 16>([&](auto kk) {
         uint32_t a[4];
         ptx::ldmatrix_x4_trans(a, DSTile::template stepped<16 * kk, 0>(a_base));
-        static_for_each<Traits::kDqDTiles / 2>([&](auto dp) {
+        // Pairs of 8-column tiles; an odd last tile loads a whole pair (the second half lies in
+        // the next warp's slice or, for the last warp, in the V tile that follows K in shared
+        // memory) and uses only the first.
+        static_for_each<(Traits::kDqDTiles + 1) / 2>([&](auto dp) {
             uint32_t b[4];
             if constexpr (Traits::kDqColsPow2) {
                 ptx::ldmatrix_x4_trans(b, KVTile::template stepped<16 * kk, 16 * dp>(b_base));
@@ -253,7 +278,9 @@ __device__ __forceinline__ void warp_gemm_dq(float (&acc)[Traits::kDqDTiles][4],
                            k_smem + KVTile::byte_offset(b_row, b_col + 16 * dp)));
             }
             ptx::mma_16816<Element>(acc[2 * dp], a, b[0], b[1]);
-            ptx::mma_16816<Element>(acc[2 * dp + 1], a, b[2], b[3]);
+            if constexpr (2 * dp + 1 < Traits::kDqDTiles) {
+                ptx::mma_16816<Element>(acc[2 * dp + 1], a, b[2], b[3]);
+            }
         });
     });
 }
@@ -316,7 +343,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                            kv_head * params.k_head_stride;
     const Element* v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
                            kv_head * params.v_head_stride;
-    const int warp_key0 = warp * 16 * kKeyTiles;  // in the tile
     const Element* q_head = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
                             head * params.q_head_stride;
     const Element* do_head = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
@@ -327,6 +353,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
                      (params.deterministic ? blockIdx.x * params.dq_accum_split_stride : 0) +
                      seq.acc_row0 * Traits::kHeadDim;
+    const int warp_key0 = warp * 16 * kKeyTiles;  // in the tile
 
     // One key block per CTA, or (deterministic) key blocks blockIdx.x, + gridDim.x, ... in order.
     for (int n_block = blockIdx.x; n_block * kBlockN < seqlen_k; n_block += gridDim.x) {

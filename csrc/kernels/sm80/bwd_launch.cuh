@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/launch.h"
 #include "kernels/params.h"
@@ -26,7 +27,7 @@ namespace flash_cuda {
 
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
-    using Traits = typename sm80::BwdConfig<HeadDim>::Traits;
+    using Config = sm80::BwdConfig<HeadDim>;
     const bool varlen = params.cu_seqlens_q != nullptr;
     if (params.b <= 0 || params.h <= 0 || params.seqlen_q <= 0) return;
     if (params.b > 65535 || params.h > 65535) {
@@ -50,6 +51,9 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         const bool has_alibi = params.alibi_slopes_ptr != nullptr;
         BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
             BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
+                using Traits = std::conditional_t<kHasAlibi || kHasSoftcap,
+                                                  typename sm80::BwdBiasTraitsOf<Config>::type,
+                                                  typename Config::Traits>;
                 auto kernel =
                     &sm80::mha_bwd_sm80_kernel<Element, Traits, Causal, kHasAlibi, kHasSoftcap>;
                 constexpr int kSmemBytes = Traits::kSmemBytes;
