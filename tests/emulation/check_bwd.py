@@ -108,8 +108,65 @@ def check_varlen(dtype, d, lens, causal, window, h, hk, softcap=0.0, alibi=False
     return compare(got, refs, pts)
 
 
+# Feature cases (head dims, softcap, ALiBi, varlen, deterministic): (args, kwargs) of check().
+F16, BF16 = torch.float16, torch.bfloat16
+FEATURE_CASES = [
+    # every kernel head dim (padded dims 40, 59, 80, 111 too), odd lengths, masks, GQA
+    ((F16, 32, 113, 203, True, (-1, -1), 4, 1), {}),
+    ((BF16, 40, 70, 40, False, (17, 5), 2, 2), {}),
+    ((F16, 59, 113, 203, False, (-1, -1), 2, 1), {"transpose": True}),
+    ((BF16, 80, 113, 203, True, (-1, -1), 2, 2), {}),
+    ((F16, 96, 70, 40, False, (17, 5), 4, 1), {}),
+    ((BF16, 111, 113, 203, False, (-1, -1), 2, 1), {}),
+    ((F16, 160, 113, 203, True, (-1, -1), 2, 1), {}),
+    ((BF16, 192, 70, 40, False, (17, 5), 2, 2), {}),
+    ((F16, 224, 113, 203, False, (-1, -1), 2, 2), {}),
+    ((BF16, 256, 113, 203, True, (-1, -1), 2, 1), {}),
+    ((F16, 64, 1, 1, False, (-1, -1), 2, 2), {"softcap": 5.0}),
+    # softcap / ALiBi / both
+    ((F16, 64, 113, 203, True, (-1, -1), 2, 1), {"softcap": 2.0}),
+    ((BF16, 128, 70, 40, False, (17, 5), 2, 2), {"softcap": 1.5}),
+    ((F16, 64, 113, 203, False, (-1, -1), 4, 1), {"alibi": True}),
+    ((BF16, 96, 113, 203, True, (-1, -1), 2, 2), {"alibi": True}),
+    ((F16, 128, 113, 203, True, (-1, -1), 2, 1), {"alibi": True, "softcap": 3.0}),
+    ((BF16, 32, 70, 40, False, (17, 5), 2, 1), {"alibi": True, "softcap": 3.0}),
+    ((F16, 256, 70, 40, False, (17, 5), 2, 2), {"alibi": True}),
+    ((BF16, 160, 113, 203, False, (-1, -1), 2, 1), {"softcap": 2.0}),
+    # rows with no visible key (causal, sq > sk)
+    ((F16, 64, 203, 113, True, (-1, -1), 2, 1), {"alibi": True}),
+    # deterministic dq slices (3 key blocks of 128 over 2 slices)
+    ((F16, 64, 150, 300, False, (-1, -1), 2, 1), {"deterministic": True, "splits": 2}),
+    ((BF16, 128, 150, 300, True, (-1, -1), 2, 2), {"deterministic": True, "splits": 3}),
+    ((F16, 256, 70, 150, False, (-1, -1), 2, 1), {"deterministic": True, "splits": 2}),
+    # varlen (lengths incl. 1, seqlen_q > seqlen_k, rows with no key)
+    ((F16, 64, 0, 0, False, (-1, -1), 2, 1),
+     {"varlen_lens": [(1, 1), (37, 90), (130, 70), (5, 200)]}),
+    ((BF16, 128, 0, 0, True, (-1, -1), 2, 2),
+     {"varlen_lens": [(70, 20), (1, 150), (64, 64)]}),
+    ((F16, 96, 0, 0, False, (17, 5), 4, 1),
+     {"varlen_lens": [(33, 140), (1, 1), (90, 45)], "softcap": 2.0, "alibi": True}),
+    ((BF16, 32, 0, 0, True, (-1, -1), 2, 1),
+     {"varlen_lens": [(150, 200), (7, 3)], "deterministic": True, "splits": 2}),
+    ((F16, 224, 0, 0, False, (-1, -1), 2, 2),
+     {"varlen_lens": [(20, 70), (1, 9)], "alibi": True}),
+]
+
+
 def main():
     quick = "--quick" in sys.argv
+    if "--features" in sys.argv:
+        failures = 0
+        only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]
+        for i, (args, kw) in enumerate(FEATURE_CASES):
+            if only and str(i) not in only[0].split(","):
+                continue
+            t = time.time()
+            ok, msg = check(*args, **kw)
+            failures += not ok
+            print(("ok  " if ok else "BAD ") + f"[{i}] {args} {kw} {msg} ({time.time() - t:.1f}s)",
+                  flush=True)
+        print(f"{failures} failures")
+        return failures
     cases = []
     shapes = [(1, 1), (113, 203), (128, 128), (70, 40)] if not quick else [(113, 203), (70, 40)]
     masks = [(False, (-1, -1)), (True, (-1, -1)), (False, (17, 5))]
