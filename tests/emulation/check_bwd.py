@@ -46,7 +46,8 @@ def check(dtype, d, sq, sk, causal, window, h, hk, b=1, transpose=False, seed=0,
     if transpose:  # non-contiguous dout / q (seq and head dims swapped in storage)
         dout = torch.randn(b, h, sq, d, dtype=dtype).transpose(1, 2)
         q = torch.randn(b, h, sq, d, dtype=dtype).transpose(1, 2)
-    slopes = torch.rand(b, h) * 0.3 if alibi else None
+    # alibi=True: (b, h) slopes; alibi="h": (h) slopes shared by the batch
+    slopes = (torch.rand(h) if alibi == "h" else torch.rand(b, h)) * 0.3 if alibi else None
     kw = dict(causal=causal, window=window, softcap=softcap)
     out64, lse = naive_attention(q.double(), k.double(), v.double(), alibi_slopes=slopes, **kw)
     out = out64.to(dtype)
@@ -149,6 +150,15 @@ FEATURE_CASES = [
      {"varlen_lens": [(150, 200), (7, 3)], "deterministic": True, "splits": 2}),
     ((F16, 224, 0, 0, False, (-1, -1), 2, 2),
      {"varlen_lens": [(20, 70), (1, 9)], "alibi": True}),
+    # extra: window normalised with max_seqlen_k only; varlen / fixed deterministic with
+    # several key blocks per slice; softcap with rows without keys; (h) slopes, b = 2
+    ((BF16, 64, 0, 0, False, (150, 3), 2, 1),
+     {"varlen_lens": [(50, 20), (30, 200), (9, 140)]}),
+    ((F16, 128, 0, 0, False, (-1, -1), 4, 2),
+     {"varlen_lens": [(200, 300), (1, 130), (77, 260)], "deterministic": True, "splits": 3}),
+    ((F16, 96, 200, 333, False, (40, 7), 2, 2), {"b": 2, "deterministic": True, "splits": 2}),
+    ((BF16, 256, 130, 70, True, (-1, -1), 2, 1), {"softcap": 1.5}),
+    ((F16, 160, 113, 203, True, (-1, -1), 4, 2), {"b": 2, "alibi": "h", "transpose": True}),
 ]
 
 
