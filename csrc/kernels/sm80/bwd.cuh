@@ -127,7 +127,9 @@ template <> struct BwdConfig<64> {
     using Traits = BwdTraits<64, 64, 128, 8>;
     using BiasTraits = BwdTraits<64, 32, 128, 8>;
 };
-template <> struct BwdConfig<96> { using Traits = BwdTraits<96, 64, 128, 8>; };
+// d96: 64 x 128 / 8 warps spilled 12-36 B (all but the plain non-causal variant); 32 x 64 /
+// 4 warps does not (32 x 128 / 8 warps is impossible: 32-wide atoms, see below).
+template <> struct BwdConfig<96> { using Traits = BwdTraits<96, 32, 64, 4>; };
 template <> struct BwdConfig<128> {
     using Traits = BwdTraits<128, 64, 128, 8>;
     using BiasTraits = BwdTraits<128, 32, 128, 8>;
