@@ -226,18 +226,19 @@ bool bwd_kernel_enabled() {
     return enabled;
 }
 
-// Whether the sm80 backward kernel handles this (fixed-length) call; else the reference.
+// Whether the sm80 backward kernel handles this call (fixed length or varlen); else the
+// reference. Every built head dim, causal / window, softcap, ALiBi, GQA, deterministic; not
+// dropout.
 bool bwd_kernel_covers(const at::Tensor& q, const AttnDims& dims,
-                       const reference::AttnOptions& opts, bool deterministic) {
+                       const reference::AttnOptions& opts, bool /*deterministic: covered*/) {
     const double dropout_p = opts.dropout_p, softcap = opts.softcap,
                  softmax_scale = opts.softmax_scale;
-    const OptTensor& alibi_slopes = opts.alibi_slopes;
     if (!bwd_kernel_enabled()) return false;
     const int hd = kernel_head_dim(dims.head_dim);
-    return (hd == 64 || hd == 128) && head_dim_built(hd) && device_has_sm80_kernels(q) &&
-           dropout_p == 0.0 && !(softcap > 0.0) && !alibi_slopes.has_value() && !deterministic &&
+    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && dropout_p == 0.0 &&
            dims.seqlen_q > 0 && dims.seqlen_k > 0 && dims.batch > 0 && dims.batch <= 65535 &&
-           dims.heads <= 65535 && std::isfinite(softmax_scale);
+           dims.heads <= 65535 && std::isfinite(softmax_scale) &&
+           (!(softcap > 0.0) || std::isfinite(softmax_scale / softcap));
 }
 
 template <typename Element>
@@ -252,11 +253,29 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
         }                                                                               \
         return;
     switch (head_dim) {
+#ifdef FLASH_CUDA_HAS_HDIM_32
+        FLASH_CUDA_BWD_CASE(32)
+#endif
 #ifdef FLASH_CUDA_HAS_HDIM_64
         FLASH_CUDA_BWD_CASE(64)
 #endif
+#ifdef FLASH_CUDA_HAS_HDIM_96
+        FLASH_CUDA_BWD_CASE(96)
+#endif
 #ifdef FLASH_CUDA_HAS_HDIM_128
         FLASH_CUDA_BWD_CASE(128)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_160
+        FLASH_CUDA_BWD_CASE(160)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_192
+        FLASH_CUDA_BWD_CASE(192)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_224
+        FLASH_CUDA_BWD_CASE(224)
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_256
+        FLASH_CUDA_BWD_CASE(256)
 #endif
         default:
             TORCH_CHECK(false, "flash_cuda: no backward kernel for head dim ", head_dim);
@@ -264,10 +283,27 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_BWD_CASE
 }
 
-// The sm80 backward kernel path of mha_bwd_cuda (bwd_kernel_covers() holds).
+// Deterministic backward: number of dq_accum slices (bwd.cuh). Enough CTAs to fill the GPU
+// about twice, at most one per 64 keys, and at most 512 MiB of slices.
+int bwd_dq_splits(const at::Tensor& q, int64_t batch_heads, int64_t seqlen_k,
+                  int64_t slice_bytes) {
+    int sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
+    int64_t splits = (2 * static_cast<int64_t>(sms) + batch_heads - 1) / batch_heads;
+    splits = std::min<int64_t>(splits, (seqlen_k + 63) / 64);
+    splits = std::min<int64_t>(splits, (int64_t{512} << 20) / std::max<int64_t>(slice_bytes, 1));
+    return static_cast<int>(std::max<int64_t>(splits, 1));
+}
+
+// The sm80 backward kernel path of mha_bwd_cuda / mha_varlen_bwd_cuda (bwd_kernel_covers()
+// holds). Varlen when cu_seqlens_q is given: q, dout, out (total_q, h, d), k, v (total_k, h_k, d),
+// lse (h, total_q).
 BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& softmax_lse,
-                     const AttnDims& dims, const reference::AttnOptions& opts) {
+                     const AttnDims& dims, const reference::AttnOptions& opts, bool deterministic,
+                     const OptTensor& cu_seqlens_q = std::nullopt,
+                     const OptTensor& cu_seqlens_k = std::nullopt) {
+    const bool varlen = cu_seqlens_q.has_value();
     const at::Tensor q_p = pad_head_dim(q), k_p = pad_head_dim(k), v_p = pad_head_dim(v);
     const at::Tensor out_p = pad_head_dim(out), dout_p = pad_head_dim(dout);
     const at::Tensor lse = softmax_lse.contiguous();
@@ -280,31 +316,55 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     set_fwd_params(params, dims, q_p, k_p, v_p, out_p, lse, opts);
     const int64_t hd = params.d_rounded;
     const auto f32 = q.options().dtype(at::kFloat);
-    at::Tensor dq_accum = at::zeros({dims.batch, dims.heads, params.seqlen_q_rounded, hd}, f32);
-    at::Tensor dk_accum = at::empty({dims.batch, dims.heads, params.seqlen_k_rounded, hd}, f32);
-    at::Tensor dv_accum = at::empty({dims.batch, dims.heads, params.seqlen_k_rounded, hd}, f32);
-    at::Tensor dsum = at::empty({dims.batch, dims.heads, params.seqlen_q_rounded}, f32);
+    // Workspaces (bwd_launch.cuh): fixed length per (b, h) with rows rounded to 128, varlen
+    // per head over the packed rows.
+    const int64_t total_k = varlen ? k.size(0) : 0;
+    const int64_t q_rows = varlen ? dims.total_q : dims.batch * params.seqlen_q_rounded;
+    const int64_t dq_slice = varlen ? dims.heads * dims.total_q * hd
+                                    : dims.batch * dims.heads * params.seqlen_q_rounded * hd;
+    const int splits = deterministic ? bwd_dq_splits(q, dims.batch * dims.heads, dims.seqlen_k,
+                                                     dq_slice * 4)
+                                     : 1;
+    at::Tensor dq_accum = at::zeros({splits * dq_slice}, f32);
+    at::Tensor dk_accum, dv_accum;
+    if (varlen) {  // zeroed: packed rows past cu_seqlens_k[b] belong to no sequence
+        dk_accum = at::zeros({dims.heads, total_k, hd}, f32);
+        dv_accum = at::zeros({dims.heads, total_k, hd}, f32);
+    } else {
+        dk_accum = at::empty({dims.batch, dims.heads, params.seqlen_k_rounded, hd}, f32);
+        dv_accum = at::empty({dims.batch, dims.heads, params.seqlen_k_rounded, hd}, f32);
+    }
+    at::Tensor dsum = at::empty({dims.heads * q_rows}, f32);
+    const int64_t seq_dim = varlen ? 0 : 1;
     params.do_ptr = dout_p.data_ptr();
-    params.do_batch_stride = dout_p.stride(0);
-    params.do_row_stride = dout_p.stride(1);
-    params.do_head_stride = dout_p.stride(2);
+    params.do_batch_stride = varlen ? 0 : dout_p.stride(0);
+    params.do_row_stride = dout_p.stride(seq_dim);
+    params.do_head_stride = dout_p.stride(-2);
     params.dq_ptr = dq.data_ptr();
     params.dk_ptr = dk.data_ptr();
     params.dv_ptr = dv.data_ptr();
-    params.dq_batch_stride = dq.stride(0);
-    params.dk_batch_stride = dk.stride(0);
-    params.dv_batch_stride = dv.stride(0);
-    params.dq_row_stride = dq.stride(1);
-    params.dk_row_stride = dk.stride(1);
-    params.dv_row_stride = dv.stride(1);
-    params.dq_head_stride = dq.stride(2);
-    params.dk_head_stride = dk.stride(2);
-    params.dv_head_stride = dv.stride(2);
+    params.dq_batch_stride = varlen ? 0 : dq.stride(0);
+    params.dk_batch_stride = varlen ? 0 : dk.stride(0);
+    params.dv_batch_stride = varlen ? 0 : dv.stride(0);
+    params.dq_row_stride = dq.stride(seq_dim);
+    params.dk_row_stride = dk.stride(seq_dim);
+    params.dv_row_stride = dv.stride(seq_dim);
+    params.dq_head_stride = dq.stride(-2);
+    params.dk_head_stride = dk.stride(-2);
+    params.dv_head_stride = dv.stride(-2);
     params.dq_accum_ptr = dq_accum.data_ptr();
     params.dk_accum_ptr = dk_accum.data_ptr();
     params.dv_accum_ptr = dv_accum.data_ptr();
     params.dsoftmax_sum = dsum.data_ptr();
-    params.deterministic = false;
+    params.deterministic = deterministic;
+    params.num_splits = splits;
+    params.dq_accum_split_stride = deterministic ? dq_slice : 0;
+    if (varlen) {
+        params.cu_seqlens_q = cu_seqlens_q->data_ptr<int>();
+        params.cu_seqlens_k = cu_seqlens_k->data_ptr<int>();
+        params.unpadded_lse = true;
+        params.total_k = static_cast<int>(total_k);
+    }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     dispatch_dtype(q.scalar_type(), [&](auto element) {
         run_bwd_sm80<decltype(element)>(params, params.d_rounded, stream);
@@ -398,7 +458,7 @@ BwdResult mha_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, con
     // The sm80 kernel where it covers the call (FLASH_CUDA_BWD_KERNEL=0 turns it off); else the
     // exact reference, deterministic.
     if (bwd_kernel_covers(q, call.dims, call.opts, deterministic)) {
-        return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts);
+        return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts, deterministic);
     }
     return reference::bwd(dout, q, k, v, out, softmax_lse, call.opts);
 }
@@ -409,13 +469,19 @@ BwdResult mha_varlen_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor&
                               const OptTensor& alibi_slopes, int64_t max_seqlen_q,
                               int64_t max_seqlen_k, double dropout_p, double softmax_scale,
                               bool causal, int64_t window_size_left, int64_t window_size_right,
-                              double softcap, bool /*deterministic: the reference always is*/,
-                              const Tensor& rng_state) {
+                              double softcap, bool deterministic, const Tensor& rng_state) {
     const CheckedCall call = varlen_bwd_prologue(
         dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q,
         max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
         softcap, rng_state);
     c10::cuda::CUDAGuard guard(q.device());
+    // The sm80 kernel where it covers the call (packed rows, per-sequence lengths); else the
+    // exact reference, deterministic.
+    if (call.dims.total_q > 0 && k.size(0) > 0 && k.size(0) <= INT32_MAX &&
+        bwd_kernel_covers(q, call.dims, call.opts, deterministic)) {
+        return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts, deterministic,
+                          cu_seqlens_q, cu_seqlens_k);
+    }
     return reference::varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                  max_seqlen_q, max_seqlen_k, call.opts);
 }

@@ -8,21 +8,27 @@ Specification (DESIGN.md sections 7 and 9):
   * oracle: autograd through tests/naive_attention.py in fp64 (`g_ref`) and in the input dtype
     (`g_pt`); pass when max|g - g_ref| <= 3 max|g_pt - g_ref| + 1e-5, for dq, dk and dv;
   * no NaN in any gradient, rows with no visible key (lse = +inf) give zero dq;
-  * dk / dv bitwise identical over 3 runs (dq uses fp32 atomics: not required);
-  * the kernel path really runs: deterministic=True routes the same call to the exact reference,
-    whose result must differ at the bit level from the kernel's (both pass the oracle rule).
+  * dk / dv bitwise identical over 3 runs (dq uses fp32 atomics: not required); with
+    deterministic=True dq, dk, dv bitwise identical over 50 runs;
+  * every kernel head dim and padded dims (40, 59, 80, 111) x {plain, causal, window, softcap,
+    ALiBi, softcap + ALiBi} at least once (a sampled product of dtype, lengths, GQA, dout
+    layout), varlen with random lengths (incl. 1 and sequences without keys);
+  * the kernel path really runs: the CPU op (the exact reference) must differ at the bit level
+    from the kernel's result (both pass the oracle rule).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 
 os.environ["FLASH_CUDA_BWD_KERNEL"] = "1"  # before the first op call (read once)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from naive_attention import naive_attention  # noqa: E402
+from naive_attention import naive_attention, normalize_window  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,21 +54,24 @@ def poison_allocator(num_bytes: int) -> None:
     del junk
 
 
-def fwd(q, k, v, *, causal, window, scale):
-    out, lse, _, _ = _ops().fwd(q, k, v, None, 0.0, scale, causal, window[0], window[1], 0.0,
-                                False)
+def fwd(q, k, v, *, causal, window, scale, softcap=0.0, alibi_slopes=None):
+    out, lse, _, _ = _ops().fwd(q, k, v, alibi_slopes, 0.0, scale, causal, window[0], window[1],
+                                softcap, False)
     return out, lse
 
 
-def bwd(dout, q, k, v, out, lse, *, causal, window, scale, deterministic=False):
+def bwd(dout, q, k, v, out, lse, *, causal, window, scale, deterministic=False, softcap=0.0,
+        alibi_slopes=None):
     rng_state = torch.zeros(2, dtype=torch.int64, device=q.device)
-    return _ops().bwd(dout, q, k, v, out, lse, None, 0.0, scale, causal, window[0], window[1],
-                      0.0, deterministic, rng_state)
+    return _ops().bwd(dout, q, k, v, out, lse, alibi_slopes, 0.0, scale, causal, window[0],
+                      window[1], softcap, deterministic, rng_state)
 
 
-def naive_grads(q, k, v, dout, *, causal, window, scale):
+def naive_grads(q, k, v, dout, *, causal, window, scale, softcap=0.0, alibi_slopes=None,
+                normalize=True):
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    out, _ = naive_attention(q, k, v, softmax_scale=scale, causal=causal, window=window)
+    out, _ = naive_attention(q, k, v, softmax_scale=scale, causal=causal, window=window,
+                             softcap=softcap, alibi_slopes=alibi_slopes, normalize=normalize)
     out.backward(dout.to(out.dtype))
     return q.grad, k.grad, v.grad
 
@@ -79,10 +88,10 @@ def make_inputs(dtype, d, sq, sk, h, hk, b=2, seed=0, transposed_dout=False):
     return q, k, v, dout
 
 
-def check_grads(got, q, k, v, dout, *, causal, window, scale):
+def check_grads(got, q, k, v, dout, *, causal, window, scale, **kw):
     ref = naive_grads(q.double(), k.double(), v.double(), dout.double(), causal=causal,
-                      window=window, scale=scale)
-    pt = naive_grads(q, k, v, dout, causal=causal, window=window, scale=scale)
+                      window=window, scale=scale, **kw)
+    pt = naive_grads(q, k, v, dout, causal=causal, window=window, scale=scale, **kw)
     for name, g, r, p in zip(("dq", "dk", "dv"), got, ref, pt):
         assert g.shape == r.shape and g.dtype == q.dtype, name
         assert not torch.isnan(g).any(), f"{name}: NaN"
@@ -164,11 +173,167 @@ def test_bwd_dk_dv_bitwise_reproducible(d, ratio):
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_kernel_path_taken(d):
-    """deterministic=True goes to the exact reference; the kernel's result differs in bits."""
+    """The CPU op runs the exact reference; the kernel's result differs from it in bits."""
     q, k, v, dout, out, lse, got = run_case(torch.float16, d, 1023, 1024, "plain", 1)
-    ref_path = bwd(dout, q, k, v, out, lse, causal=False, window=(-1, -1), scale=d ** -0.5,
-                   deterministic=True)
+    cpu = [t.cpu() for t in (dout, q, k, v, out, lse)]
+    ref_path = bwd(*cpu, causal=False, window=(-1, -1), scale=d ** -0.5)
+    ref_path = [t.cuda() for t in ref_path]
     check_grads(ref_path, q, k, v, dout, causal=False, window=(-1, -1), scale=d ** -0.5)
     assert any(not torch.equal(a, b) for a, b in zip(got, ref_path)), (
         "kernel and reference results are bitwise identical: was FLASH_CUDA_BWD_KERNEL=0 in effect "
         "before the first op call of this process?")
+
+
+# ---- Every head dim x every feature (sampled product), varlen, deterministic mode.
+
+ALL_HEAD_DIMS = (32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
+FEATURES = ("plain", "causal", "window", "softcap", "alibi", "softcap_alibi_causal")
+FEATURE_SEQLENS = ((1, 1), (113, 203), (512, 256), (203, 113), (300, 77))
+
+
+def feature_options(feature, b, h, gen_seed):
+    """(causal, window, softcap, alibi_slopes) of a feature; slopes fp32 (h) or (b, h)."""
+    causal = feature in ("causal", "softcap_alibi_causal")
+    window = (64, 16) if feature == "window" else (-1, -1)
+    softcap = 2.5 if "softcap" in feature else 0.0
+    slopes = None
+    if "alibi" in feature:
+        gen = torch.Generator(device="cuda").manual_seed(gen_seed)
+        shape = (b, h) if gen_seed % 2 else (h,)
+        slopes = torch.rand(shape, device="cuda", generator=gen, dtype=torch.float32) * 0.3
+    return causal, window, softcap, slopes
+
+
+FEATURE_CASES = [
+    (d, feature, DTYPES[(i + j) % 2], FEATURE_SEQLENS[(i + 2 * j) % len(FEATURE_SEQLENS)],
+     (1, 4, 8)[(i + j) % 3], (i + j) % 3 == 0)
+    for i, d in enumerate(ALL_HEAD_DIMS) for j, feature in enumerate(FEATURES)
+]
+
+
+@pytest.mark.parametrize("d,feature,dtype,seqlens,ratio,transposed", FEATURE_CASES,
+                         ids=lambda x: str(x))
+def test_bwd_features(d, feature, dtype, seqlens, ratio, transposed):
+    sq, sk = seqlens
+    h = 8
+    hk = h // ratio
+    b = 2
+    q, k, v, dout = make_inputs(dtype, d, sq, sk, h, hk, b=b, seed=d, transposed_dout=transposed)
+    causal, window, softcap, slopes = feature_options(feature, b, h, d)
+    scale = d ** -0.5
+    out, lse = fwd(q, k, v, causal=causal, window=window, scale=scale, softcap=softcap,
+                   alibi_slopes=slopes)
+    poison_allocator(4 * (q.numel() + k.numel()) * 4)
+    got = bwd(dout, q, k, v, out, lse, causal=causal, window=window, scale=scale,
+              softcap=softcap, alibi_slopes=slopes)
+    check_grads(got, q, k, v, dout, causal=causal, window=window, scale=scale, softcap=softcap,
+                alibi_slopes=slopes)
+    if causal and sq > sk:  # rows with no visible key: zero dq
+        empty = torch.isinf(lse)
+        assert empty.any() and (got[0].permute(0, 2, 1, 3)[empty] == 0).all()
+
+
+def varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, *, causal, window, scale,
+               softcap=0.0, alibi_slopes=None, deterministic=False):
+    rng_state = torch.zeros(2, dtype=torch.int64, device=q.device)
+    return _ops().varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, alibi_slopes, max_q, max_k,
+                             0.0, scale, causal, window[0], window[1], softcap, deterministic,
+                             rng_state)
+
+
+def make_varlen(dtype, d, h, hk, seed, b=5):
+    rng = random.Random(seed)
+    lens_q = [1] + [rng.randint(1, 300) for _ in range(b - 1)]
+    lens_k = [rng.randint(1, 300) for _ in range(b - 2)] + [1, 0]
+    rng.shuffle(lens_k)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(sum(lens_q), h, d, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(sum(lens_k), hk, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(sum(lens_k), hk, d, device="cuda", dtype=dtype, generator=gen)
+    # non-contiguous dout: (h, total, d) storage
+    dout = torch.randn(h, sum(lens_q), d, device="cuda", dtype=dtype, generator=gen).transpose(0, 1)
+    return lens_q, lens_k, cu_q, cu_k, q, k, v, dout
+
+
+def run_varlen_case(dtype, d, feature, ratio, seed, deterministic=False):
+    h = 4 if ratio < 8 else 8
+    hk = h // ratio
+    lens_q, lens_k, cu_q, cu_k, q, k, v, dout = make_varlen(dtype, d, h, hk, seed)
+    b = len(lens_q)
+    causal, window, softcap, slopes = feature_options(feature, b, h, seed)
+    scale = d ** -0.5
+    max_q, max_k = max(lens_q), max(lens_k)
+    out, lse, _, _ = _ops().varlen_fwd(q, k, v, cu_q, cu_k, None, None, slopes, max_q, max_k, 0.0,
+                                       scale, causal, window[0], window[1], softcap, False)
+    poison_allocator(4 * (q.numel() + k.numel()) * 4)
+    args = (dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k)
+    kw = dict(causal=causal, window=window, scale=scale, softcap=softcap, alibi_slopes=slopes)
+    got = varlen_bwd(*args, deterministic=deterministic, **kw)
+    # Oracle per sequence; the window is normalised once with max_seqlen_k (flash_attn's rule).
+    left, right = normalize_window(causal, window, max_k)
+    for i in range(b):
+        qs, qe = cu_q[i].item(), cu_q[i + 1].item()
+        ks, ke = cu_k[i].item(), cu_k[i + 1].item()
+        if ke == ks:  # no keys: zero dq, nothing to dk / dv
+            assert (got[0][qs:qe] == 0).all()
+            continue
+        seq_slopes = None
+        if slopes is not None:
+            seq_slopes = slopes[i] if slopes.dim() == 2 else slopes
+        check_grads([got[0][None, qs:qe], got[1][None, ks:ke], got[2][None, ks:ke]],
+                    q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], dout[None, qs:qe],
+                    causal=False, window=(left, right), scale=scale, softcap=softcap,
+                    alibi_slopes=seq_slopes, normalize=False)
+    return args, kw, got
+
+
+VARLEN_CASES = [
+    (d, feature, DTYPES[(i + j) % 2], (1, 4, 8)[(i + j) % 3])
+    for i, d in enumerate((32, 59, 64, 96, 128, 160, 256))
+    for j, feature in enumerate(FEATURES) if (i + j) % 2 == 0
+]
+
+
+@pytest.mark.parametrize("d,feature,dtype,ratio", VARLEN_CASES, ids=lambda x: str(x))
+def test_varlen_bwd(d, feature, dtype, ratio):
+    run_varlen_case(dtype, d, feature, ratio, seed=d * 10 + FEATURES.index(feature))
+
+
+@pytest.mark.parametrize("d,feature", [(64, "causal"), (128, "plain"), (96, "softcap_alibi_causal"),
+                                       (256, "window")])
+def test_deterministic_bitwise(d, feature):
+    """deterministic=True: dq, dk, dv bitwise identical over 50 runs (fixed length)."""
+    dtype = torch.bfloat16
+    h, hk, b = 8, 2, 2
+    q, k, v, dout = make_inputs(dtype, d, 700, 1100, h, hk, b=b, seed=d)
+    causal, window, softcap, slopes = feature_options(feature, b, h, d)
+    kw = dict(causal=causal, window=window, scale=d ** -0.5, softcap=softcap, alibi_slopes=slopes)
+    out, lse = fwd(q, k, v, **kw)
+    first = bwd(dout, q, k, v, out, lse, deterministic=True, **kw)
+    check_grads(first, q, k, v, dout, **kw)
+    for _ in range(49):
+        again = bwd(dout, q, k, v, out, lse, deterministic=True, **kw)
+        for name, a, g in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, g), f"{name} differs between deterministic runs"
+
+
+@pytest.mark.parametrize("d", (64, 128, 224))
+def test_varlen_deterministic_bitwise(d):
+    args, kw, first = run_varlen_case(torch.float16, d, "causal", 4, seed=d, deterministic=True)
+    for _ in range(49):
+        again = varlen_bwd(*args, deterministic=True, **kw)
+        for name, a, g in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, g), f"{name} differs between deterministic runs"
+
+
+@pytest.mark.parametrize("d", (32, 96, 160, 256))
+def test_dk_dv_bitwise_without_deterministic(d):
+    q, k, v, dout = make_inputs(torch.float16, d, 511, 777, 8, 1, seed=d)
+    kw = dict(causal=False, window=(-1, -1), scale=d ** -0.5, softcap=1.5)
+    out, lse = fwd(q, k, v, **kw)
+    _, dk0, dv0 = bwd(dout, q, k, v, out, lse, **kw)
+    for _ in range(5):
+        _, dk, dv = bwd(dout, q, k, v, out, lse, **kw)
+        assert torch.equal(dk, dk0) and torch.equal(dv, dv0)

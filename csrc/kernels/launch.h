@@ -47,8 +47,9 @@ inline void reserve_dynamic_smem(Kernel kernel, int bytes, const char* what) {
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream);
 
-// Portable tensor-core backward (mma.sync, sm80+), fixed length, no softcap / ALiBi / dropout,
-// head dims 64 and 128 (kernels/sm80/bwd_launch.cuh lists the workspaces the caller provides).
+// Portable tensor-core backward (mma.sync, sm80+), fixed length or varlen, softcap / ALiBi,
+// deterministic dq; no dropout (kernels/sm80/bwd_launch.cuh lists the workspaces the caller
+// provides).
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream);
 

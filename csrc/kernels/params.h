@@ -146,10 +146,13 @@ struct BwdParams : public FwdParams {
     // D = rowsum(dO * O), fp32 (b, h, seqlen_q_rounded).
     void* __restrict__ dsoftmax_sum;
 
-    // Deterministic mode: per-(batch, head, n-block) semaphores ordering dq accumulation.
+    // Deterministic mode (sm80 backward): num_splits dq_accum slices, dq_accum_split_stride
+    // floats apart, each accumulated by one CTA in a fixed order (bwd.cuh). dq_semaphore unused.
     int* __restrict__ dq_semaphore;
     bool deterministic;
     int64_t dq_accum_split_stride;
+    // varlen: rows of packed k / v.
+    int total_k;
 };
 
 // Sets the softmax scale, the softcap and the factors derived from them (host side).

@@ -2,7 +2,10 @@
 
 `run_bwd_emulated(dout, q, k, v, out, lse, ...)` pads the head dim to a multiple of 8, writes the
 inputs (raw storage + strides), runs the emulator binary for the kernel head dim and returns
-(dq, dk, dv) like torch.ops.flash_cuda.bwd (fixed length, no softcap / ALiBi / dropout).
+(dq, dk, dv) like torch.ops.flash_cuda.bwd, or like varlen_bwd when cu_seqlens_q / cu_seqlens_k
+are given (q, out, dout (total_q, h, d), k, v (total_k, hk, d), lse (h, total_q)). Softcap,
+ALiBi slopes ((h) or (b, h) fp32) and deterministic mode (`splits` dq slices) as the host passes
+them; no dropout.
 """
 
 from __future__ import annotations
@@ -14,35 +17,58 @@ import tempfile
 
 import torch
 
-from driver import _write_storage, emulator_binary, normalize_mask, pad8
+from driver import KERNEL_HEAD_DIMS, _write_storage, emulator_binary, normalize_mask, pad8
 
-BWD_HEAD_DIMS = (64, 128)
+BWD_HEAD_DIMS = KERNEL_HEAD_DIMS
 
 
 def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window=(-1, -1),
+                     softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                     max_seqlen_q=None, max_seqlen_k=None, deterministic=False, splits=1,
                      timeout=1800):
+    varlen = cu_seqlens_q is not None
     d = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
     q, k, v, out, dout = pad8(q), pad8(k), pad8(v), pad8(out), pad8(dout)
     dp = q.shape[-1]
     hd = next(h for h in BWD_HEAD_DIMS if dp <= h)
-    b, sq, h = q.shape[0], q.shape[1], q.shape[2]
-    sk, hk = k.shape[1], k.shape[2]
+    if varlen:
+        b = cu_seqlens_q.numel() - 1
+        sq, sk = int(max_seqlen_q), int(max_seqlen_k)
+        total_q, h = q.shape[0], q.shape[1]
+        total_k, hk = k.shape[0], k.shape[1]
+    else:
+        b, sq, h = q.shape[0], q.shape[1], q.shape[2]
+        sk, hk = k.shape[1], k.shape[2]
+        total_q = total_k = 0
     causal, left, right = normalize_mask(causal, window[0], window[1], sk)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="flash_emu_bwd_"))
     try:
         params = {
             "dtype": "bf16" if q.dtype == torch.bfloat16 else "fp16", "hdim": hd, "b": b, "h": h,
             "hk": hk, "sq": sq, "sk": sk, "d": dp, "scale": repr(float(softmax_scale)),
-            "window_left": left, "window_right": right, "causal": int(causal),
+            "softcap": repr(float(softcap)), "window_left": left, "window_right": right,
+            "causal": int(causal), "total_q": total_q, "total_k": total_k,
+            "deterministic": int(deterministic), "splits": int(splits),
         }
         for name, t in (("q", q), ("k", k), ("v", v), ("o", out), ("do", dout)):
             offset, strides = _write_storage(tmp / f"{name}.bin", t)
             params[f"{name}_offset"] = offset
-            (params[f"{name}_batch_stride"], params[f"{name}_row_stride"],
-             params[f"{name}_head_stride"]) = strides[0], strides[1], strides[2]
+            if varlen:
+                params[f"{name}_batch_stride"] = 0
+                params[f"{name}_row_stride"], params[f"{name}_head_stride"] = strides[0], strides[1]
+            else:
+                (params[f"{name}_batch_stride"], params[f"{name}_row_stride"],
+                 params[f"{name}_head_stride"]) = strides[0], strides[1], strides[2]
         lse.float().contiguous().numpy().tofile(tmp / "lse.bin")
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.float().contiguous()
+            slopes.numpy().tofile(tmp / "alibi.bin")
+            params["alibi_batch_stride"] = slopes.stride(0) if slopes.dim() == 2 else 0
+        if varlen:
+            cu_seqlens_q.int().numpy().tofile(tmp / "cu_seqlens_q.bin")
+            cu_seqlens_k.int().numpy().tofile(tmp / "cu_seqlens_k.bin")
         (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))
         subprocess.run([str(emulator_binary(hd, "bwd_emulated")), str(tmp)], check=True,
                        timeout=timeout)
@@ -52,6 +78,9 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
                                   dtype=torch.int16).clone().view(q.dtype)
             return raw.view(*shape)[..., :d]
 
+        if varlen:
+            return (load("dq", (total_q, h, dp)), load("dk", (total_k, hk, dp)),
+                    load("dv", (total_k, hk, dp)))
         return load("dq", (b, sq, h, dp)), load("dk", (b, sk, hk, dp)), load("dv", (b, sk, hk, dp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -2,14 +2,19 @@
 //
 //   bwd_emulated CASE_DIR
 // CASE_DIR/params.txt: "key value" lines; q.bin, k.bin, v.bin, o.bin, do.bin: raw 16-bit
-// storage (offsets / strides in params.txt); lse.bin: fp32 (b, h, sq) contiguous.
-// Writes dq.bin (b, sq, h, d), dk.bin, dv.bin (b, sk, hk, d), contiguous, d = padded head dim.
+// storage (offsets / strides in params.txt); lse.bin: fp32 (b, h, sq) contiguous, or
+// (h, total_q) varlen; optional alibi.bin (fp32), cu_seqlens_q.bin / cu_seqlens_k.bin (int32,
+// varlen: then q, o, do are (total_q, h, d), k, v (total_k, hk, d)). params.txt also has
+// softcap, deterministic, splits (deterministic dq slices), total_q, total_k.
+// Writes dq.bin (b, sq, h, d), dk.bin, dv.bin (b, sk, hk, d), contiguous, d = padded head dim
+// (varlen: (total_q, h, d), (total_k, hk, d)).
 // Output buffers and workspaces have guard zones, checked after the run.
 // Build with -DEMU_HEAD_DIM=<kernel head dim>.
 #include <atomic>
 #include <fstream>
 #include <map>
 #include <string>
+#include <type_traits>
 
 thread_local dim3 blockDim;
 // fp32 atomicAdd of the device (the emulator runs a block's threads concurrently).
@@ -38,20 +43,41 @@ void launch(dim3 grid, int threads, size_t smem, Kernel kernel, BwdParams& param
     });
 }
 
-template <typename Element, bool Causal>
+template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap>
 void run(BwdParams& params) {
     using namespace flash_cuda::sm80;
-    using Traits = typename BwdConfig<EMU_HEAD_DIM>::Traits;
+    using Config = BwdConfig<EMU_HEAD_DIM>;
+    using Traits = std::conditional_t<HasAlibi || HasSoftcap, typename BwdBiasTraitsOf<Config>::type,
+                                      typename Config::Traits>;
     // Same sequence as csrc/kernels/sm80/bwd_launch.cuh (small grids: one block per 256 threads
     // of work, grid-stride loops cover the rest).
-    const long long rows = static_cast<long long>(params.b) * params.h * params.seqlen_q;
+    const bool varlen = params.cu_seqlens_q != nullptr;
+    const long long rows = varlen ? static_cast<long long>(params.h) * params.total_q
+                                  : static_cast<long long>(params.b) * params.h * params.seqlen_q;
     launch(dim3(static_cast<unsigned>((rows * 32 + 255) / 256)), 256, 0,
            &mha_bwd_preprocess_kernel<Element>, params);
-    const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b, params.h);
-    launch(grid, Traits::kNThreads, Traits::kSmemBytes, &mha_bwd_sm80_kernel<Element, Traits, Causal>,
-           params);
+    const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
+    launch(grid, Traits::kNThreads, Traits::kSmemBytes,
+           &mha_bwd_sm80_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap>, params);
     launch(dim3(4), 256, 0, &mha_bwd_convert_dq_kernel<Element, EMU_HEAD_DIM>, params);
     launch(dim3(4), 256, 0, &mha_bwd_convert_dkv_kernel<Element, EMU_HEAD_DIM>, params);
+}
+
+template <typename Element>
+void run_dispatch(BwdParams& p) {
+    const bool c = p.is_causal, a = p.alibi_slopes_ptr != nullptr, s = p.softcap > 0.f;
+    if (c) {
+        if (a && s) run<Element, true, true, true>(p);
+        else if (a) run<Element, true, true, false>(p);
+        else if (s) run<Element, true, false, true>(p);
+        else run<Element, true, false, false>(p);
+    } else {
+        if (a && s) run<Element, false, true, true>(p);
+        else if (a) run<Element, false, true, false>(p);
+        else if (s) run<Element, false, false, true>(p);
+        else run<Element, false, false, false>(p);
+    }
 }
 
 }  // namespace
@@ -69,12 +95,15 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "binary built for head dim %d\n", EMU_HEAD_DIM);
         return 2;
     }
-    Input q, k, v, o, d_o, lse;
+    Input q, k, v, o, d_o, lse, alibi, cu_q, cu_k;
     if (!q.load(dir + "/q.bin") || !k.load(dir + "/k.bin") || !v.load(dir + "/v.bin") ||
         !o.load(dir + "/o.bin") || !d_o.load(dir + "/do.bin") || !lse.load(dir + "/lse.bin")) {
         std::fprintf(stderr, "missing inputs\n");
         return 2;
     }
+    const bool has_alibi = alibi.load(dir + "/alibi.bin");
+    const bool varlen = cu_q.load(dir + "/cu_seqlens_q.bin");
+    if (varlen) cu_k.load(dir + "/cu_seqlens_k.bin");
     BwdParams p{};
     p.q_ptr = q.data + geti("q_offset") * 2;
     p.k_ptr = k.data + geti("k_offset") * 2;
@@ -104,22 +133,41 @@ int main(int argc, char** argv) {
     p.seqlen_k = geti("sk");
     p.seqlen_q_rounded = (p.seqlen_q + 127) / 128 * 128;
     p.seqlen_k_rounded = (p.seqlen_k + 127) / 128 * 128;
+    p.total_q = geti("total_q");
+    p.total_k = geti("total_k");
     p.d = geti("d");
     p.d_rounded = EMU_HEAD_DIM;
-    set_score_scales(p, getf("scale"), 0.f);
+    set_score_scales(p, getf("scale"), getf("softcap"));
     p.window_size_left = geti("window_left");
     p.window_size_right = geti("window_right");
     p.is_causal = geti("causal") != 0;
     p.is_bf16 = kv.at("dtype") == "bf16";
     p.softmax_lse_ptr = reinterpret_cast<float*>(lse.data);
+    if (has_alibi) {
+        p.alibi_slopes_ptr = alibi.data;
+        p.alibi_slopes_batch_stride = geti("alibi_batch_stride");
+    }
+    if (varlen) {
+        p.cu_seqlens_q = reinterpret_cast<int*>(cu_q.data);
+        p.cu_seqlens_k = reinterpret_cast<int*>(cu_k.data);
+        p.unpadded_lse = true;
+    }
+    p.deterministic = geti("deterministic") != 0;
+    p.num_splits = p.deterministic ? static_cast<int>(geti("splits")) : 1;
 
     const size_t b = p.b, h = p.h, hk = p.h_k, sq = p.seqlen_q, sk = p.seqlen_k, d = p.d;
     const size_t hd = EMU_HEAD_DIM;
-    GuardedBuffer dq_accum(b * h * p.seqlen_q_rounded * hd * 4, 0);  // zeroed, as the host does
-    GuardedBuffer dk_accum(b * h * p.seqlen_k_rounded * hd * 4, 0xFF);
-    GuardedBuffer dv_accum(b * h * p.seqlen_k_rounded * hd * 4, 0xFF);
-    GuardedBuffer dsum(b * h * p.seqlen_q_rounded * 4, 0xFF);
-    GuardedBuffer dq(b * sq * h * d * 2, 0xFF), dk(b * sk * hk * d * 2, 0xFF), dv(b * sk * hk * d * 2, 0xFF);
+    const size_t q_rows = varlen ? p.total_q : b * sq;        // rows of dq / dout
+    const size_t k_rows = varlen ? p.total_k : b * sk;        // rows of dk / dv
+    const size_t acc_rows = varlen ? h * p.total_q : b * h * p.seqlen_q_rounded;
+    const size_t ws_rows = varlen ? h * p.total_k : b * h * p.seqlen_k_rounded;
+    p.dq_accum_split_stride = p.deterministic ? static_cast<int64_t>(acc_rows * hd) : 0;
+    // zeroed, as the host does (varlen dk / dv workspaces too)
+    GuardedBuffer dq_accum(p.num_splits * acc_rows * hd * 4, 0);
+    GuardedBuffer dk_accum(ws_rows * hd * 4, varlen ? 0 : 0xFF);
+    GuardedBuffer dv_accum(ws_rows * hd * 4, varlen ? 0 : 0xFF);
+    GuardedBuffer dsum(acc_rows * 4, 0xFF);
+    GuardedBuffer dq(q_rows * h * d * 2, 0xFF), dk(k_rows * hk * d * 2, 0xFF), dv(k_rows * hk * d * 2, 0xFF);
     p.dq_accum_ptr = dq_accum.data();
     p.dk_accum_ptr = dk_accum.data();
     p.dv_accum_ptr = dv_accum.data();
@@ -128,18 +176,17 @@ int main(int argc, char** argv) {
     p.dq_ptr = dq.data();
     p.dk_ptr = dk.data();
     p.dv_ptr = dv.data();
-    p.dq_batch_stride = sq * h * d;
+    p.dq_batch_stride = varlen ? 0 : sq * h * d;
     p.dq_row_stride = h * d;
     p.dq_head_stride = d;
-    p.dk_batch_stride = p.dv_batch_stride = sk * hk * d;
+    p.dk_batch_stride = p.dv_batch_stride = varlen ? 0 : sk * hk * d;
     p.dk_row_stride = p.dv_row_stride = hk * d;
     p.dk_head_stride = p.dv_head_stride = d;
 
-    const bool causal = p.is_causal;
     if (p.is_bf16) {
-        causal ? run<__nv_bfloat16, true>(p) : run<__nv_bfloat16, false>(p);
+        run_dispatch<__nv_bfloat16>(p);
     } else {
-        causal ? run<__half, true>(p) : run<__half, false>(p);
+        run_dispatch<__half>(p);
     }
     for (GuardedBuffer* buf : {&dq_accum, &dk_accum, &dv_accum, &dsum, &dq, &dk, &dv}) {
         if (!buf->guards_intact()) {

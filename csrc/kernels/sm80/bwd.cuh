@@ -1,4 +1,5 @@
-// FlashAttention-2-style backward on tensor cores with mma.sync (sm80+), fixed length only.
+// FlashAttention-2-style backward on tensor cores with mma.sync (sm80+): fixed length or varlen
+// (packed rows, cu_seqlens), softcap and ALiBi (template flags), deterministic dq (splits).
 //
 // Three kernels per call (bwd_launch.cuh):
 //   1. preprocess: D[b, h, i] = sum_c dO[i, c] O[i, c] (fp32), one warp per query row.
@@ -19,14 +20,26 @@
 //      dk_accum (fixed order: bitwise reproducible), dv likewise without the scale; converted to
 //      Element and written with the output strides.
 // Rows with no visible key have lse = +inf: P = 0 there, so their gradients are 0.
-// Not handled here (the host routes them to the reference): varlen, softcap, ALiBi, dropout,
-// deterministic dQ.
+// Scores are recomputed exactly as the forward does (fwd.cuh / mask.cuh): z = scale s, or with
+// softcap z = softcap tanh(scale s / softcap); ALiBi subtracts slope |i + sk - sq - j|; then
+// P = exp(z - lse). The gradient of the capped score w.r.t. scale s is (1 - tanh^2), so
+// dZ^T = P^T (dP^T - D) (1 - t^2) with t the tanh value; ALiBi has no gradient (only P).
+// Varlen (cu_seqlens_q / cu_seqlens_k set): rows are packed; lse and D are (h, total_q), the
+// dq accumulator (h, total_q, HeadDim), the dk / dv workspaces (h, total_k, HeadDim).
+// Deterministic mode (params.deterministic): the grid has params.num_splits CTAs along x; CTA x
+// handles key blocks x, x + num_splits, ... in order and accumulates dQ into its own slice x of
+// dq_accum (params.dq_accum_split_stride floats apart), so every dq_accum element is added to
+// by one thread in a fixed order; the postprocess sums the slices in order 0, 1, ... Without
+// it there is one CTA per key block and one slice (atomics from several CTAs: dq is not
+// reproducible). dk / dv are always bitwise reproducible.
+// Not handled here (the host routes it to the reference): dropout.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/mask.cuh"
 #include "kernels/params.h"
@@ -93,21 +106,55 @@ struct BwdTraits {
         using KVTile = SwizzledTile<BlockM, HeadDim>;
     };
 
-    static_assert(HeadDim % 64 == 0, "backward: head dim 64 or 128");
+    static_assert(HeadDim % 32 == 0 && HeadDim <= 256, "head dim: multiple of 32, at most 256");
     static_assert(BlockN % (16 * NWarps) == 0, "each warp owns whole 16-key slices");
     static_assert(BlockM % 16 == 0 && NWarps % kDqWarpsM == 0, "dQ warp grid");
-    static_assert(kDqCols % 16 == 0 && (kDqCols & (kDqCols - 1)) == 0,
-                  "dQ column slices: power of two, at least 16");
+    static_assert(kDqCols % 8 == 0 && kDqCols * kDqWarpsD == HeadDim,
+                  "dQ column slices: whole 8-column tiles");
+    // The dQ GEMM steps its K fragment addresses with SwizzledTile::stepped when the warp's
+    // first column is aligned to the slice width (power-of-two slices); else per-pair bases.
+    static constexpr bool kDqColsPow2 = (kDqCols & (kDqCols - 1)) == 0;
     static_assert(128 % BlockM == 0 && 128 % BlockN == 0, "workspaces are rounded to 128 rows");
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+    static_assert(kSmemVOffset == kSmemKOffset + KVTile::kBytes,
+                  "V follows K (the dQ GEMM's odd last tile reads past K)");
 };
 
 template <int HeadDim>
 struct BwdConfig;
-// 64 x 128, 8 warps: per thread dK + dV 64 floats, S^T + dP^T 64 floats. 66 KB.
-template <> struct BwdConfig<64> { using Traits = BwdTraits<64, 64, 128, 8>; };
-// 64 x 128, 8 warps: per thread dK + dV 128 floats, S^T + dP^T 64 floats. 114 KB.
-template <> struct BwdConfig<128> { using Traits = BwdTraits<128, 64, 128, 8>; };
+// Per thread: dK + dV accumulators kKeyTiles HeadDim floats (a warp owns 16 kKeyTiles keys x
+// HeadDim twice), S^T + dP^T kKeyTiles kBlockM floats. Shared memory: K, V (kBlockN x d), Q, dO
+// (kBlockM x d), dZ^T (kBlockN x kBlockM), 16-bit, + 2 kBlockM floats. BiasTraits (optional):
+// the tile of the softcap / ALiBi kernels, which keep more values live in the P^T step.
+// Registers, spills and shared memory per instantiation: bench/NOTES_kernel_bwd.md.
+template <> struct BwdConfig<32> { using Traits = BwdTraits<32, 64, 128, 8>; };
+template <> struct BwdConfig<64> {
+    using Traits = BwdTraits<64, 64, 128, 8>;
+    using BiasTraits = BwdTraits<64, 32, 128, 8>;
+};
+// d96: 64 x 128 / 8 warps spilled 12-36 B (all but the plain non-causal variant); 32 x 64 /
+// 4 warps does not (32 x 128 / 8 warps is impossible: 32-wide atoms, see below).
+template <> struct BwdConfig<96> { using Traits = BwdTraits<96, 32, 64, 4>; };
+template <> struct BwdConfig<128> {
+    using Traits = BwdTraits<128, 64, 128, 8>;
+    using BiasTraits = BwdTraits<128, 32, 128, 8>;
+};
+// d >= 160: the accumulators alone exceed the register file (spills); 32 x 64, 4 warps keeps
+// the S^T / dP^T part small and the shared memory under A100's 163 KB.
+template <> struct BwdConfig<160> { using Traits = BwdTraits<160, 32, 64, 4>; };
+template <> struct BwdConfig<192> { using Traits = BwdTraits<192, 32, 64, 4>; };
+template <> struct BwdConfig<224> { using Traits = BwdTraits<224, 32, 64, 4>; };
+template <> struct BwdConfig<256> { using Traits = BwdTraits<256, 32, 64, 4>; };
+
+// Config::BiasTraits where a head dim defines one, else Config::Traits.
+template <typename Config, typename = void>
+struct BwdBiasTraitsOf {
+    using type = typename Config::Traits;
+};
+template <typename Config>
+struct BwdBiasTraitsOf<Config, std::void_t<typename Config::BiasTraits>> {
+    using type = typename Config::BiasTraits;
+};
 
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -120,29 +167,85 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
     return __float2bfloat16_rn(x);
 }
 
-// D = rowsum(dO * O), fp32 (b, h, seqlen_q_rounded). One warp per (batch, head, query row).
+// Where one (batch, query head) starts in every tensor and workspace, fixed length or varlen.
+struct BwdSequence {
+    int64_t q_offset, do_offset;  // elements: query row 0 of the sequence (head 0)
+    int64_t k_offset, v_offset;   // elements: key row 0 of the sequence (head 0)
+    int64_t lse_row0;             // lse index of query row 0 of this head
+    int64_t acc_row0;             // D / dq_accum row of query row 0 of this head
+    int64_t kv_row0;              // dk / dv workspace row of key row 0 of this query head
+    int seqlen_q, seqlen_k;
+
+    __device__ __forceinline__ static BwdSequence make(const BwdParams& params, int batch,
+                                                       int head) {
+        BwdSequence seq;
+        const int64_t bh = static_cast<int64_t>(batch) * params.h + head;
+        if (params.cu_seqlens_q != nullptr) {
+            const int start = params.cu_seqlens_q[batch];
+            seq.seqlen_q = params.cu_seqlens_q[batch + 1] - start;
+            seq.q_offset = static_cast<int64_t>(start) * params.q_row_stride;
+            seq.do_offset = static_cast<int64_t>(start) * params.do_row_stride;
+            seq.lse_row0 = static_cast<int64_t>(head) * params.total_q + start;
+            seq.acc_row0 = seq.lse_row0;
+        } else {
+            seq.seqlen_q = params.seqlen_q;
+            seq.q_offset = static_cast<int64_t>(batch) * params.q_batch_stride;
+            seq.do_offset = static_cast<int64_t>(batch) * params.do_batch_stride;
+            seq.lse_row0 = bh * params.seqlen_q;
+            seq.acc_row0 = bh * params.seqlen_q_rounded;
+        }
+        if (params.cu_seqlens_k != nullptr) {
+            const int start = params.cu_seqlens_k[batch];
+            seq.seqlen_k = params.cu_seqlens_k[batch + 1] - start;
+            seq.k_offset = static_cast<int64_t>(start) * params.k_row_stride;
+            seq.v_offset = static_cast<int64_t>(start) * params.v_row_stride;
+            seq.kv_row0 = static_cast<int64_t>(head) * params.total_k + start;
+        } else {
+            seq.seqlen_k = params.seqlen_k;
+            seq.k_offset = static_cast<int64_t>(batch) * params.k_batch_stride;
+            seq.v_offset = static_cast<int64_t>(batch) * params.v_batch_stride;
+            seq.kv_row0 = bh * params.seqlen_k_rounded;
+        }
+        return seq;
+    }
+};
+
+// D = rowsum(dO * O), fp32: (b, h, seqlen_q_rounded), or (h, total_q) varlen. One warp per
+// (head, query row).
 template <typename Element>
 __global__ void mha_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
     const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
-    const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
-    if (warp_id >= rows) return;
-    const int row = static_cast<int>(warp_id % params.seqlen_q);
-    const int64_t bh = warp_id / params.seqlen_q;
-    const int head = static_cast<int>(bh % params.h);
-    const int batch = static_cast<int>(bh / params.h);
-    const Element* o = reinterpret_cast<const Element*>(params.o_ptr) + batch * params.o_batch_stride +
-                       row * params.o_row_stride + head * params.o_head_stride;
-    const Element* d_o = reinterpret_cast<const Element*>(params.do_ptr) +
-                         batch * params.do_batch_stride + row * params.do_row_stride +
-                         head * params.do_head_stride;
+    const Element* o;
+    const Element* d_o;
+    int64_t out_index;
+    if (params.cu_seqlens_q != nullptr) {  // packed rows: warp = head * total_q + row
+        if (warp_id >= static_cast<int64_t>(params.h) * params.total_q) return;
+        const int64_t row = warp_id % params.total_q;
+        const int head = static_cast<int>(warp_id / params.total_q);
+        o = reinterpret_cast<const Element*>(params.o_ptr) + row * params.o_row_stride +
+            head * params.o_head_stride;
+        d_o = reinterpret_cast<const Element*>(params.do_ptr) + row * params.do_row_stride +
+              head * params.do_head_stride;
+        out_index = warp_id;
+    } else {
+        const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
+        if (warp_id >= rows) return;
+        const int row = static_cast<int>(warp_id % params.seqlen_q);
+        const int64_t bh = warp_id / params.seqlen_q;
+        const int head = static_cast<int>(bh % params.h);
+        const int batch = static_cast<int>(bh / params.h);
+        o = reinterpret_cast<const Element*>(params.o_ptr) + batch * params.o_batch_stride +
+            row * params.o_row_stride + head * params.o_head_stride;
+        d_o = reinterpret_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
+              row * params.do_row_stride + head * params.do_head_stride;
+        out_index = bh * params.seqlen_q_rounded + row;
+    }
     float sum = 0.f;
     for (int c = lane; c < params.d; c += 32) sum += to_float(o[c]) * to_float(d_o[c]);
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) {
-        reinterpret_cast<float*>(params.dsoftmax_sum)[bh * params.seqlen_q_rounded + row] = sum;
-    }
+    if (lane == 0) reinterpret_cast<float*>(params.dsoftmax_sum)[out_index] = sum;
 }
 
 // Query side of the mask for S^T fragments: element (mt, nt, e) holds key
@@ -163,21 +266,35 @@ __device__ __forceinline__ void warp_gemm_dq(float (&acc)[Traits::kDqDTiles][4],
     const uint32_t a_base =
         ds_smem + DSTile::byte_offset(lane % 8 + 8 * (lane / 16), 16 * wm + 8 * ((lane / 8) % 2));
     // B (K, keys x head dim) with .trans, as V in the forward's P V.
-    const uint32_t b_base =
-        k_smem + KVTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), col0 + 8 * (lane / 16));
+    const int b_row = lane % 8 + 8 * ((lane / 8) % 2);
+    const int b_col = col0 + 8 * (lane / 16);
+    const uint32_t b_base = k_smem + KVTile::byte_offset(b_row, b_col);
     static_for_each<Traits::kBlockN / 16>([&](auto kk) {
         uint32_t a[4];
         ptx::ldmatrix_x4_trans(a, DSTile::template stepped<16 * kk, 0>(a_base));
-        static_for_each<Traits::kDqDTiles / 2>([&](auto dp) {
+        // Pairs of 8-column tiles; an odd last tile loads a whole pair (the second half lies in
+        // the next warp's slice or, for the last warp, in the V tile that follows K in shared
+        // memory) and uses only the first.
+        static_for_each<(Traits::kDqDTiles + 1) / 2>([&](auto dp) {
             uint32_t b[4];
-            ptx::ldmatrix_x4_trans(b, KVTile::template stepped<16 * kk, 16 * dp>(b_base));
+            if constexpr (Traits::kDqColsPow2) {
+                ptx::ldmatrix_x4_trans(b, KVTile::template stepped<16 * kk, 16 * dp>(b_base));
+            } else {  // column steps could carry into the warp's chunk bits: exact base per pair
+                ptx::ldmatrix_x4_trans(
+                    b, KVTile::template stepped<16 * kk, 0>(
+                           k_smem + KVTile::byte_offset(b_row, b_col + 16 * dp)));
+            }
             ptx::mma_16816<Element>(acc[2 * dp], a, b[0], b[1]);
-            ptx::mma_16816<Element>(acc[2 * dp + 1], a, b[2], b[3]);
+            if constexpr (2 * dp + 1 < Traits::kDqDTiles) {
+                ptx::mma_16816<Element>(acc[2 * dp + 1], a, b[2], b[3]);
+            }
         });
     });
 }
 
-template <typename Element, typename Traits, bool Causal>
+// Template parameters as the forward's: Causal (window right side 0), HasAlibi (bias from
+// params.alibi_slopes_ptr), HasSoftcap (params.softcap > 0).
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_bwd_sm80_kernel(const __grid_constant__ BwdParams params) {
     constexpr int kBlockM = Traits::kBlockM;
@@ -197,293 +314,361 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
-    const int n_block = blockIdx.x;
     const int batch = blockIdx.y;
     const int head = blockIdx.z;
-    const int n0 = n_block * kBlockN;
-    const int seqlen_q = params.seqlen_q;
-    const int seqlen_k = params.seqlen_k;
-    const int valid_keys = min(kBlockN, seqlen_k - n0);
+    const BwdSequence seq = BwdSequence::make(params, batch, head);
+    const int seqlen_q = seq.seqlen_q;
+    const int seqlen_k = seq.seqlen_k;
 
+    // The forward's mask (fwd.cuh): window as normalised by the host, per-sequence lengths.
     AttentionMask mask;
     mask.seqlen_k = seqlen_k;
     mask.diag = seqlen_k - seqlen_q;
-    mask.window_left = params.window_size_left >= seqlen_k ? -1 : params.window_size_left;
-    mask.window_right =
-        Causal ? 0 : (params.window_size_right >= seqlen_k ? -1 : params.window_size_right);
+    mask.window_left = params.window_size_left;
+    mask.window_right = Causal ? 0 : params.window_size_right;
     const KeyRange range = KeyRange::make(mask);
 
-    // Queries i that see some key j of [n0, n0 + valid_keys):
-    //   j >= i + begin_shift  and  j < i + end_shift   =>   n0 - end_shift < i <= last - begin_shift.
-    int64_t q_lo = static_cast<int64_t>(n0) - range.end_shift + 1;
-    q_lo = q_lo < 0 ? 0 : q_lo;
-    int64_t q_hi = static_cast<int64_t>(n0) + valid_keys - range.begin_shift;  // exclusive
-    q_hi = q_hi > seqlen_q ? seqlen_q : q_hi;
-    const int m_block_min = static_cast<int>(q_lo / kBlockM);
-    const int m_block_max =
-        q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_block_min;
-
-    const int kv_head = head / params.h_h_k_ratio;
-    const Element* k_tile = reinterpret_cast<const Element*>(params.k_ptr) +
-                            batch * params.k_batch_stride + kv_head * params.k_head_stride +
-                            static_cast<int64_t>(n0) * params.k_row_stride;
-    const Element* v_tile = reinterpret_cast<const Element*>(params.v_ptr) +
-                            batch * params.v_batch_stride + kv_head * params.v_head_stride +
-                            static_cast<int64_t>(n0) * params.v_row_stride;
-    Traits::KVCopy::load_async(smem_k, k_tile, params.k_row_stride, valid_keys, params.d, tid);
-    Traits::KVCopy::load_async(smem_v, v_tile, params.v_row_stride, valid_keys, params.d, tid);
-    ptx::cp_async_commit();
-
-    float acc_dk[kKeyTiles][kDTiles][4];
-    float acc_dv[kKeyTiles][kDTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                acc_dk[mt][dt][e] = 0.f;
-                acc_dv[mt][dt][e] = 0.f;
-            }
-        }
+    // Score units (base 2): plain x = s scale log2(e); softcap x = tanh(s scale / softcap)
+    // softcap log2(e); ALiBi then subtracts slope log2(e) |i + diag - j|.
+    const float score_log2 = HasSoftcap ? params.softcap * static_cast<float>(M_LOG2E)
+                                        : params.scale_softmax_log2;
+    const float softcap_pre_scale = HasSoftcap ? params.scale_softmax / params.softcap : 0.f;
+    float alibi_slope_log2 = 0.f;
+    if constexpr (HasAlibi) {
+        alibi_slope_log2 = reinterpret_cast<const float*>(
+                               params.alibi_slopes_ptr)[batch * params.alibi_slopes_batch_stride +
+                                                        head] *
+                           static_cast<float>(M_LOG2E);
     }
 
-    const float scale_log2 = params.scale_softmax_log2;
-    const int warp_key0 = warp * 16 * kKeyTiles;  // in the tile
-    const Element* q_head = reinterpret_cast<const Element*>(params.q_ptr) +
-                            batch * params.q_batch_stride + head * params.q_head_stride;
-    const Element* do_head = reinterpret_cast<const Element*>(params.do_ptr) +
-                             batch * params.do_batch_stride + head * params.do_head_stride;
-    const int64_t bh = static_cast<int64_t>(batch) * params.h + head;
-    const float* lse_head = params.softmax_lse_ptr + bh * seqlen_q;
-    const float* dsum_head =
-        reinterpret_cast<const float*>(params.dsoftmax_sum) + bh * params.seqlen_q_rounded;
+    const int kv_head = head / params.h_h_k_ratio;
+    const Element* k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
+                           kv_head * params.k_head_stride;
+    const Element* v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
+                           kv_head * params.v_head_stride;
+    const Element* q_head = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
+                            head * params.q_head_stride;
+    const Element* do_head = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
+                             head * params.do_head_stride;
+    const float* lse_head = params.softmax_lse_ptr + seq.lse_row0;
+    const float* dsum_head = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
+    // Deterministic: this CTA's own dq_accum slice.
     float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
-                     bh * params.seqlen_q_rounded * Traits::kHeadDim;
+                     (params.deterministic ? blockIdx.x * params.dq_accum_split_stride : 0) +
+                     seq.acc_row0 * Traits::kHeadDim;
+    const int warp_key0 = warp * 16 * kKeyTiles;  // in the tile
 
-    // Query-block inputs of block m_block into buffer `stage`: Q and dO tiles, lse and D, all
-    // with cp.async. Rows past the sequence are zero-filled: zero Q and dO rows and D = 0 make
-    // every product they enter zero (p^T dO, dZ^T = p (dP - D) with dP = 0), and their dQ rows
-    // are not written.
-    auto load_query_block = [&](int m_block, int stage) {
-        const int m0 = m_block * kBlockM;
-        const int valid_q = min(kBlockM, seqlen_q - m0);
-        const uint32_t stage_base = smem_base + stage * Traits::kSmemQStageBytes;
-        Traits::QCopy::load_async(stage_base + Traits::kSmemQOffset,
-                                  q_head + static_cast<int64_t>(m0) * params.q_row_stride,
-                                  params.q_row_stride, valid_q, params.d, tid);
-        Traits::QCopy::load_async(stage_base + Traits::kSmemDOOffset,
-                                  do_head + static_cast<int64_t>(m0) * params.do_row_stride,
-                                  params.do_row_stride, valid_q, params.d, tid);
-        for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
-            const bool ok = r < valid_q;
-            ptx::cp_async_4(stage_base + Traits::kSmemLseOffset + 4 * r,
-                            lse_head + (ok ? m0 + r : 0), ok);
-            ptx::cp_async_4(stage_base + Traits::kSmemDOffset + 4 * r,
-                            dsum_head + (ok ? m0 + r : 0), ok);
-        }
+    // One key block per CTA, or (deterministic) key blocks blockIdx.x, + gridDim.x, ... in order.
+    for (int n_block = blockIdx.x; n_block * kBlockN < seqlen_k; n_block += gridDim.x) {
+        const int n0 = n_block * kBlockN;
+        const int valid_keys = min(kBlockN, seqlen_k - n0);
+        __syncthreads();  // every warp is done with the previous key block's K (dQ GEMM)
+
+        // Queries i that see some key j of [n0, n0 + valid_keys):
+        //   j >= i + begin_shift and j < i + end_shift  =>  n0 - end_shift < i <= last - begin_shift.
+        int64_t q_lo = static_cast<int64_t>(n0) - range.end_shift + 1;
+        q_lo = q_lo < 0 ? 0 : q_lo;
+        int64_t q_hi = static_cast<int64_t>(n0) + valid_keys - range.begin_shift;  // exclusive
+        q_hi = q_hi > seqlen_q ? seqlen_q : q_hi;
+        const int m_block_min = static_cast<int>(q_lo / kBlockM);
+        const int m_block_max =
+            q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_block_min;
+
+        Traits::KVCopy::load_async(smem_k, k_seq + static_cast<int64_t>(n0) * params.k_row_stride,
+                                   params.k_row_stride, valid_keys, params.d, tid);
+        Traits::KVCopy::load_async(smem_v, v_seq + static_cast<int64_t>(n0) * params.v_row_stride,
+                                   params.v_row_stride, valid_keys, params.d, tid);
         ptx::cp_async_commit();
-    };
-    if (Traits::kQStages == 2 && m_block_min < m_block_max) load_query_block(m_block_min, 0);
 
-    for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
-        const int m0 = m_block * kBlockM;
-        const int valid_q = min(kBlockM, seqlen_q - m0);
-        const int stage = Traits::kQStages == 2 ? (m_block - m_block_min) & 1 : 0;
-        if constexpr (Traits::kQStages == 1) {
-            __syncthreads();  // every warp is done with the previous Q, dO, dZ^T, lse, D
-            load_query_block(m_block, 0);
-        }
-        ptx::cp_async_wait<0>();  // this block's inputs (and, first, K and V) have landed
-        // Everyone's copies are visible, and every warp is done with the previous iteration
-        // (its buffer, refilled next, and the dZ^T tile).
-        __syncthreads();
-        if constexpr (Traits::kQStages == 2) {
-            if (m_block + 1 < m_block_max) load_query_block(m_block + 1, stage ^ 1);
-        }
-        const uint32_t smem_q = smem_base + stage * Traits::kSmemQStageBytes + Traits::kSmemQOffset;
-        const uint32_t smem_do = smem_q - Traits::kSmemQOffset + Traits::kSmemDOOffset;
-        const float* smem_lse = reinterpret_cast<const float*>(
-            smem + stage * Traits::kSmemQStageBytes + Traits::kSmemLseOffset);
-        const float* smem_dsum = reinterpret_cast<const float*>(
-            smem + stage * Traits::kSmemQStageBytes + Traits::kSmemDOffset);
-
-        float acc_s[kKeyTiles][kQTiles8][4];
-        float acc_dp[kKeyTiles][kQTiles8][4];
+        float acc_dk[kKeyTiles][kDTiles][4];
+        float acc_dv[kKeyTiles][kDTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-            for (int nt = 0; nt < kQTiles8; ++nt) {
+            for (int dt = 0; dt < kDTiles; ++dt) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    acc_s[mt][nt][e] = 0.f;
-                    acc_dp[mt][nt][e] = 0.f;
+                    acc_dk[mt][dt][e] = 0.f;
+                    acc_dv[mt][dt][e] = 0.f;
                 }
             }
         }
-        warp_gemm_qk<Element, ScoreGemm>(acc_s, smem_k, smem_q, warp_key0, lane);
-        warp_gemm_qk<Element, ScoreGemm>(acc_dp, smem_v, smem_do, warp_key0, lane);
 
-        // P^T (in acc_s) and dZ^T (in acc_dp). Only blocks that touch a mask edge or the end of
-        // the keys test each element (zero-filled key rows past seqlen_k must get p = 0: with a
-        // very negative lse their p would overflow). Query rows past seqlen_q need no mask (see
-        // load_query_block).
-        const bool block_needs_mask =
-            !(n0 >= m0 + kBlockM - 1 + range.begin_shift &&
-              n0 + kBlockN <= min(range.seqlen_k, m0 + range.end_shift));
-        const int key0 = n0 + warp_key0 + lane / 4;  // key of element (0, 0, 0)
-        const int qcol0 = 2 * (lane % 4);            // query (in the block) of element (0, 0, 0)
+        // Query-block inputs of block m_block into buffer `stage`: Q and dO tiles, lse and D,
+        // all with cp.async. Rows past the sequence are zero-filled: zero Q and dO rows and
+        // D = 0 make every product they enter zero (p^T dO, dZ^T = p (dP - D) with dP = 0),
+        // and their dQ rows are not written.
+        auto load_query_block = [&](int m_block, int stage) {
+            const int m0 = m_block * kBlockM;
+            const int valid_q = min(kBlockM, seqlen_q - m0);
+            const uint32_t stage_base = smem_base + stage * Traits::kSmemQStageBytes;
+            Traits::QCopy::load_async(stage_base + Traits::kSmemQOffset,
+                                      q_head + static_cast<int64_t>(m0) * params.q_row_stride,
+                                      params.q_row_stride, valid_q, params.d, tid);
+            Traits::QCopy::load_async(stage_base + Traits::kSmemDOOffset,
+                                      do_head + static_cast<int64_t>(m0) * params.do_row_stride,
+                                      params.do_row_stride, valid_q, params.d, tid);
+            for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
+                const bool ok = r < valid_q;
+                ptx::cp_async_4(stage_base + Traits::kSmemLseOffset + 4 * r,
+                                lse_head + (ok ? m0 + r : 0), ok);
+                ptx::cp_async_4(stage_base + Traits::kSmemDOffset + 4 * r,
+                                dsum_head + (ok ? m0 + r : 0), ok);
+            }
+            ptx::cp_async_commit();
+        };
+        if (Traits::kQStages == 2 && m_block_min < m_block_max) {
+            // Buffer 0 is free: every warp passed the barrier at the top of this key block.
+            load_query_block(m_block_min, 0);
+        }
+
+        for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
+            const int m0 = m_block * kBlockM;
+            const int valid_q = min(kBlockM, seqlen_q - m0);
+            const int stage = Traits::kQStages == 2 ? (m_block - m_block_min) & 1 : 0;
+            if constexpr (Traits::kQStages == 1) {
+                __syncthreads();  // every warp is done with the previous Q, dO, dZ^T, lse, D
+                load_query_block(m_block, 0);
+            }
+            ptx::cp_async_wait<0>();  // this block's inputs (and, first, K and V) have landed
+            // Everyone's copies are visible, and every warp is done with the previous iteration
+            // (its buffer, refilled next, and the dZ^T tile).
+            __syncthreads();
+            if constexpr (Traits::kQStages == 2) {
+                if (m_block + 1 < m_block_max) load_query_block(m_block + 1, stage ^ 1);
+            }
+            const uint32_t smem_q =
+                smem_base + stage * Traits::kSmemQStageBytes + Traits::kSmemQOffset;
+            const uint32_t smem_do = smem_q - Traits::kSmemQOffset + Traits::kSmemDOOffset;
+            const float* smem_lse = reinterpret_cast<const float*>(
+                smem + stage * Traits::kSmemQStageBytes + Traits::kSmemLseOffset);
+            const float* smem_dsum = reinterpret_cast<const float*>(
+                smem + stage * Traits::kSmemQStageBytes + Traits::kSmemDOffset);
+
+            float acc_s[kKeyTiles][kQTiles8][4];
+            float acc_dp[kKeyTiles][kQTiles8][4];
 #pragma unroll
-        for (int nt = 0; nt < kQTiles8; ++nt) {
+            for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int qi = qcol0 + 8 * nt + c;
-                const float lse_log2 = smem_lse[qi] * static_cast<float>(M_LOG2E);
-                const float dsum = smem_dsum[qi];
+                for (int nt = 0; nt < kQTiles8; ++nt) {
 #pragma unroll
-                for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const int key = key0 + 16 * mt + 8 * half;
-                        const int e = 2 * half + c;
-                        const bool visible = !block_needs_mask || key_visible(range, key, m0 + qi);
-                        const float p =
-                            visible ? ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -lse_log2))
-                                    : 0.f;
-                        acc_s[mt][nt][e] = p;
-                        acc_dp[mt][nt][e] = p * (acc_dp[mt][nt][e] - dsum);
+                    for (int e = 0; e < 4; ++e) {
+                        acc_s[mt][nt][e] = 0.f;
+                        acc_dp[mt][nt][e] = 0.f;
                     }
                 }
             }
-        }
+            warp_gemm_qk<Element, ScoreGemm>(acc_s, smem_k, smem_q, warp_key0, lane);
+            warp_gemm_qk<Element, ScoreGemm>(acc_dp, smem_v, smem_do, warp_key0, lane);
 
-        uint32_t frag[kKeyTiles][kBlockM / 16][4];
-        convert_p_to_a_fragments<Element, GradGemm>(frag, acc_s);
-        warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
-        convert_p_to_a_fragments<Element, GradGemm>(frag, acc_dp);
-        warp_gemm_pv<Element, GradGemm>(acc_dk, frag, smem_q, lane);
+            // P^T step: P^T (into acc_s) and dZ^T (into acc_dp). Only blocks that touch a mask
+            // edge or the end of the keys test each element (zero-filled key rows past seqlen_k
+            // must get p = 0: with a very negative lse their p would overflow). Query rows past
+            // seqlen_q need no mask (see load_query_block).
+            const bool block_needs_mask =
+                !(n0 >= m0 + kBlockM - 1 + range.begin_shift &&
+                  n0 + kBlockN <= min(range.seqlen_k, m0 + range.end_shift));
+            const int key0 = n0 + warp_key0 + lane / 4;  // key of element (0, 0, 0)
+            const int qcol0 = 2 * (lane % 4);            // query (in the block) of element (0, 0, 0)
+#pragma unroll
+            for (int nt = 0; nt < kQTiles8; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int qi = qcol0 + 8 * nt + c;
+                    const float lse_log2 = smem_lse[qi] * static_cast<float>(M_LOG2E);
+                    const float dsum = smem_dsum[qi];
+#pragma unroll
+                    for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int key = key0 + 16 * mt + 8 * half;
+                            const int e = 2 * half + c;
+                            const bool visible =
+                                !block_needs_mask || key_visible(range, key, m0 + qi);
+                            float p, dscore = 1.f;  // dscore: d(final score) / d(scale s)
+                            if constexpr (!HasSoftcap && !HasAlibi) {
+                                p = visible ? ptx::exp2_approx(
+                                                  fmaf(acc_s[mt][nt][e], score_log2, -lse_log2))
+                                            : 0.f;
+                            } else {
+                                float x = acc_s[mt][nt][e];
+                                if constexpr (HasSoftcap) {
+                                    const float t = ptx::tanh_approx(x * softcap_pre_scale);
+                                    dscore = fmaf(-t, t, 1.f);
+                                    x = t;
+                                }
+                                x *= score_log2;
+                                if constexpr (HasAlibi) {
+                                    const int distance = abs(m0 + qi + mask.diag - key);
+                                    x = fmaf(-alibi_slope_log2, static_cast<float>(distance), x);
+                                }
+                                p = visible ? ptx::exp2_approx(x - lse_log2) : 0.f;
+                            }
+                            acc_s[mt][nt][e] = p;
+                            acc_dp[mt][nt][e] = p * (acc_dp[mt][nt][e] - dsum);
+                            if constexpr (HasSoftcap) acc_dp[mt][nt][e] *= dscore;
+                        }
+                    }
+                }
+            }
 
-        // dZ^T -> shared memory: thread's element (mt, nt, 2 half + c) at key row
-        // warp_key0 + 16 mt + 8 half + lane / 4, query column 8 nt + 2 (lane % 4) + c.
-        {
-            const uint32_t ds_thread =
-                smem_ds + Traits::DSTile::byte_offset(warp_key0 + lane / 4, 2 * (lane % 4));
-            static_for_each<kKeyTiles>([&](auto mt) {
-                static_for_each<2>([&](auto half) {
-                    static_for_each<kQTiles8>([&](auto nt) {
-                        ptx::st_shared_4(
-                            Traits::DSTile::template stepped<16 * mt + 8 * half, 8 * nt>(ds_thread),
-                            frag[mt][nt / 2][(nt % 2) * 2 + half]);
+            uint32_t frag[kKeyTiles][kBlockM / 16][4];
+            convert_p_to_a_fragments<Element, GradGemm>(frag, acc_s);
+            warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
+            convert_p_to_a_fragments<Element, GradGemm>(frag, acc_dp);
+            warp_gemm_pv<Element, GradGemm>(acc_dk, frag, smem_q, lane);
+
+            // dZ^T -> shared memory: thread's element (mt, nt, 2 half + c) at key row
+            // warp_key0 + 16 mt + 8 half + lane / 4, query column 8 nt + 2 (lane % 4) + c.
+            {
+                const uint32_t ds_thread =
+                    smem_ds + Traits::DSTile::byte_offset(warp_key0 + lane / 4, 2 * (lane % 4));
+                static_for_each<kKeyTiles>([&](auto mt) {
+                    static_for_each<2>([&](auto half) {
+                        static_for_each<kQTiles8>([&](auto nt) {
+                            ptx::st_shared_4(
+                                Traits::DSTile::template stepped<16 * mt + 8 * half, 8 * nt>(
+                                    ds_thread),
+                                frag[mt][nt / 2][(nt % 2) * 2 + half]);
+                        });
                     });
                 });
-            });
-        }
-        __syncthreads();
-
-        // dQ += dZ K: warp (wm, wd) owns query rows 16 wm .. +15, columns wd kDqCols .. .
-        {
-            const int wm = warp % Traits::kDqWarpsM;
-            const int wd = warp / Traits::kDqWarpsM;
-            float acc_dq[Traits::kDqDTiles][4];
-#pragma unroll
-            for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
             }
-            warp_gemm_dq<Element, Traits>(acc_dq, smem_ds, smem_k, wm, wd * Traits::kDqCols, lane);
+            __syncthreads();
+
+            // dQ += dZ K: warp (wm, wd) owns query rows 16 wm .. +15, columns wd kDqCols .. .
+            {
+                const int wm = warp % Traits::kDqWarpsM;
+                const int wd = warp / Traits::kDqWarpsM;
+                float acc_dq[Traits::kDqDTiles][4];
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = 16 * wm + 8 * half + lane / 4;
-                if (row < valid_q) {
-                    float* dq_row = dq_head + static_cast<int64_t>(m0 + row) * Traits::kHeadDim +
-                                    wd * Traits::kDqCols + 2 * (lane % 4);
+                for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
 #pragma unroll
-                    for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
-                        atomicAdd(dq_row + 8 * dt, acc_dq[dt][2 * half]);
-                        atomicAdd(dq_row + 8 * dt + 1, acc_dq[dt][2 * half + 1]);
+                    for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
+                }
+                warp_gemm_dq<Element, Traits>(acc_dq, smem_ds, smem_k, wm, wd * Traits::kDqCols,
+                                              lane);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = 16 * wm + 8 * half + lane / 4;
+                    if (row < valid_q) {
+                        float* dq_row = dq_head +
+                                        static_cast<int64_t>(m0 + row) * Traits::kHeadDim +
+                                        wd * Traits::kDqCols + 2 * (lane % 4);
+#pragma unroll
+                        for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
+                            atomicAdd(dq_row + 8 * dt, acc_dq[dt][2 * half]);
+                            atomicAdd(dq_row + 8 * dt + 1, acc_dq[dt][2 * half + 1]);
+                        }
                     }
                 }
             }
         }
-    }
 
-    ptx::cp_async_wait<0>();  // a CTA without query blocks still has its K / V copies in flight
+        ptx::cp_async_wait<0>();  // a key block without query blocks still has K / V in flight
 
-    // dK, dV (fp32, unscaled) -> per-query-head workspaces (b, h, seqlen_k_rounded, HeadDim).
-    const int64_t ws_offset =
-        (bh * params.seqlen_k_rounded + n0 + warp_key0 + lane / 4) * Traits::kHeadDim +
-        2 * (lane % 4);
-    float* dk_ws = reinterpret_cast<float*>(params.dk_accum_ptr) + ws_offset;
-    float* dv_ws = reinterpret_cast<float*>(params.dv_accum_ptr) + ws_offset;
+        // dK, dV (fp32, unscaled) -> per-query-head workspace rows of the block's valid keys.
+        const int key_row = warp_key0 + lane / 4;  // in the block
+        const int64_t ws_offset =
+            (seq.kv_row0 + n0 + key_row) * Traits::kHeadDim + 2 * (lane % 4);
+        float* dk_ws = reinterpret_cast<float*>(params.dk_accum_ptr) + ws_offset;
+        float* dv_ws = reinterpret_cast<float*>(params.dv_accum_ptr) + ws_offset;
 #pragma unroll
-    for (int mt = 0; mt < kKeyTiles; ++mt) {
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int64_t row_off = (16 * mt + 8 * half) * Traits::kHeadDim;
+            for (int half = 0; half < 2; ++half) {
+                if (key_row + 16 * mt + 8 * half >= valid_keys) continue;
+                const int64_t row_off = (16 * mt + 8 * half) * Traits::kHeadDim;
 #pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-                *reinterpret_cast<float2*>(dk_ws + row_off + 8 * dt) =
-                    make_float2(acc_dk[mt][dt][2 * half], acc_dk[mt][dt][2 * half + 1]);
-                *reinterpret_cast<float2*>(dv_ws + row_off + 8 * dt) =
-                    make_float2(acc_dv[mt][dt][2 * half], acc_dv[mt][dt][2 * half + 1]);
+                for (int dt = 0; dt < kDTiles; ++dt) {
+                    *reinterpret_cast<float2*>(dk_ws + row_off + 8 * dt) =
+                        make_float2(acc_dk[mt][dt][2 * half], acc_dk[mt][dt][2 * half + 1]);
+                    *reinterpret_cast<float2*>(dv_ws + row_off + 8 * dt) =
+                        make_float2(acc_dv[mt][dt][2 * half], acc_dv[mt][dt][2 * half + 1]);
+                }
             }
         }
     }
 }
 
-// dq (b, seqlen_q, h, d) = scale * dq_accum (b, h, seqlen_q_rounded, HeadDim). One thread per
-// element (grid-stride).
+// dq = scale * dq_accum (summed over the deterministic slices in order) -> Element with the
+// output strides. dq (b, seqlen_q, h, d) / accumulator (b, h, seqlen_q_rounded, HeadDim), or
+// varlen dq (total_q, h, d) / accumulator (h, total_q, HeadDim). One thread per element.
 template <typename Element, int HeadDim>
 __global__ void mha_bwd_convert_dq_kernel(const __grid_constant__ BwdParams params) {
-    const int64_t total = static_cast<int64_t>(params.b) * params.seqlen_q * params.h * params.d;
+    const bool varlen = params.cu_seqlens_q != nullptr;
+    const int64_t rows = varlen ? params.total_q : static_cast<int64_t>(params.b) * params.seqlen_q;
+    const int64_t total = rows * params.h * params.d;
     const float* acc = reinterpret_cast<const float*>(params.dq_accum_ptr);
     Element* dq = reinterpret_cast<Element*>(params.dq_ptr);
+    const int splits = params.deterministic ? params.num_splits : 1;
     for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
          idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int c = static_cast<int>(idx % params.d);
         int64_t rest = idx / params.d;
         const int head = static_cast<int>(rest % params.h);
-        rest /= params.h;
-        const int row = static_cast<int>(rest % params.seqlen_q);
-        const int batch = static_cast<int>(rest / params.seqlen_q);
-        const float v = acc[((static_cast<int64_t>(batch) * params.h + head) * params.seqlen_q_rounded +
-                             row) * HeadDim + c];
-        dq[batch * params.dq_batch_stride + row * params.dq_row_stride +
-           head * params.dq_head_stride + c] = from_float<Element>(v * params.scale_softmax);
+        rest /= params.h;  // fixed: batch * seqlen_q + row; varlen: packed row
+        int64_t acc_index, out_index;
+        if (varlen) {
+            acc_index = (static_cast<int64_t>(head) * params.total_q + rest) * HeadDim + c;
+            out_index = rest * params.dq_row_stride + head * params.dq_head_stride + c;
+        } else {
+            const int row = static_cast<int>(rest % params.seqlen_q);
+            const int batch = static_cast<int>(rest / params.seqlen_q);
+            acc_index = ((static_cast<int64_t>(batch) * params.h + head) * params.seqlen_q_rounded +
+                         row) * HeadDim + c;
+            out_index = batch * params.dq_batch_stride + row * params.dq_row_stride +
+                        head * params.dq_head_stride + c;
+        }
+        float v = 0.f;
+        for (int s = 0; s < splits; ++s) v += acc[acc_index + s * params.dq_accum_split_stride];
+        dq[out_index] = from_float<Element>(v * params.scale_softmax);
     }
 }
 
 // dk (b, seqlen_k, h_k, d) = scale * sum_g dk_accum[b, kv_head * ratio + g], dv likewise without
-// the scale; g in increasing order (bitwise reproducible).
+// the scale; g in increasing order (bitwise reproducible). Varlen: dk (total_k, h_k, d),
+// workspace (h, total_k, HeadDim).
 template <typename Element, int HeadDim>
 __global__ void mha_bwd_convert_dkv_kernel(const __grid_constant__ BwdParams params) {
-    const int64_t total = static_cast<int64_t>(params.b) * params.seqlen_k * params.h_k * params.d;
+    const bool varlen = params.cu_seqlens_k != nullptr;
+    const int64_t rows = varlen ? params.total_k : static_cast<int64_t>(params.b) * params.seqlen_k;
+    const int64_t total = rows * params.h_k * params.d;
     const float* acc_k = reinterpret_cast<const float*>(params.dk_accum_ptr);
     const float* acc_v = reinterpret_cast<const float*>(params.dv_accum_ptr);
     Element* dk = reinterpret_cast<Element*>(params.dk_ptr);
     Element* dv = reinterpret_cast<Element*>(params.dv_ptr);
     const int ratio = params.h_h_k_ratio;
-    const int64_t head_stride = static_cast<int64_t>(params.seqlen_k_rounded) * HeadDim;
+    const int64_t head_stride =
+        (varlen ? static_cast<int64_t>(params.total_k) : params.seqlen_k_rounded) * HeadDim;
     for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
          idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int c = static_cast<int>(idx % params.d);
         int64_t rest = idx / params.d;
         const int kv_head = static_cast<int>(rest % params.h_k);
-        rest /= params.h_k;
-        const int row = static_cast<int>(rest % params.seqlen_k);
-        const int batch = static_cast<int>(rest / params.seqlen_k);
-        const int64_t base =
-            ((static_cast<int64_t>(batch) * params.h + kv_head * ratio) * params.seqlen_k_rounded +
-             row) * HeadDim + c;
+        rest /= params.h_k;  // fixed: batch * seqlen_k + row; varlen: packed row
+        int64_t base, k_index, v_index;
+        if (varlen) {
+            base = static_cast<int64_t>(kv_head) * ratio * head_stride + rest * HeadDim + c;
+            k_index = rest * params.dk_row_stride + kv_head * params.dk_head_stride + c;
+            v_index = rest * params.dv_row_stride + kv_head * params.dv_head_stride + c;
+        } else {
+            const int row = static_cast<int>(rest % params.seqlen_k);
+            const int batch = static_cast<int>(rest / params.seqlen_k);
+            base = ((static_cast<int64_t>(batch) * params.h + kv_head * ratio) *
+                        params.seqlen_k_rounded + row) * HeadDim + c;
+            k_index = batch * params.dk_batch_stride + row * params.dk_row_stride +
+                      kv_head * params.dk_head_stride + c;
+            v_index = batch * params.dv_batch_stride + row * params.dv_row_stride +
+                      kv_head * params.dv_head_stride + c;
+        }
         float sk = 0.f, sv = 0.f;
         for (int g = 0; g < ratio; ++g) {
             sk += acc_k[base + g * head_stride];
             sv += acc_v[base + g * head_stride];
         }
-        dk[batch * params.dk_batch_stride + row * params.dk_row_stride +
-           kv_head * params.dk_head_stride + c] = from_float<Element>(sk * params.scale_softmax);
-        dv[batch * params.dv_batch_stride + row * params.dv_row_stride +
-           kv_head * params.dv_head_stride + c] = from_float<Element>(sv);
+        dk[k_index] = from_float<Element>(sk * params.scale_softmax);
+        dv[v_index] = from_float<Element>(sv);
     }
 }
 

@@ -1,9 +1,14 @@
 // Host launcher of the sm80 backward (declared in kernels/launch.h). Included by the generated
-// csrc/instantiations/bwd_hdim*_sm80.cu files, one (Element, HeadDim, Causal) each.
-// The caller (flash_api.cpp) provides: dq_accum_ptr zeroed fp32 (b, h, seqlen_q_rounded,
-// HeadDim); dk_accum_ptr / dv_accum_ptr fp32 (b, h, seqlen_k_rounded, HeadDim) (fully written
-// here); dsoftmax_sum fp32 (b, h, seqlen_q_rounded); seqlen_*_rounded multiples of 128.
-// Fixed length, no softcap / ALiBi / dropout (the host routes those to the reference).
+// csrc/instantiations/bwd_hdim*_sm80.cu files, one (Element, HeadDim, Causal) each; softcap and
+// ALiBi become template flags here (static_switch.h), as in fwd_launch.cuh.
+// The caller (flash_api.cpp) provides, fixed length: dq_accum_ptr zeroed fp32
+// (splits, b, h, seqlen_q_rounded, HeadDim); dk_accum_ptr / dv_accum_ptr fp32
+// (b, h, seqlen_k_rounded, HeadDim); dsoftmax_sum fp32 (b, h, seqlen_q_rounded);
+// seqlen_*_rounded multiples of 128. Varlen (cu_seqlens_q / cu_seqlens_k, total_q, total_k,
+// seqlen_q / seqlen_k = the max lengths): dq_accum zeroed (splits, h, total_q, HeadDim), dk / dv
+// workspaces (h, total_k, HeadDim), dsoftmax_sum (h, total_q). splits = num_splits when
+// deterministic (dq_accum_split_stride floats apart), else 1. No dropout (the host routes it to
+// the reference).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,16 +16,19 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm80/bwd.cuh"
+#include "kernels/static_switch.h"
 
 namespace flash_cuda {
 
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
-    using Traits = typename sm80::BwdConfig<HeadDim>::Traits;
+    using Config = sm80::BwdConfig<HeadDim>;
+    const bool varlen = params.cu_seqlens_q != nullptr;
     if (params.b <= 0 || params.h <= 0 || params.seqlen_q <= 0) return;
     if (params.b > 65535 || params.h > 65535) {
         throw std::runtime_error("flash_cuda: backward kernel supports at most 65535 batch "
@@ -30,30 +38,51 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         return static_cast<unsigned>(std::min<int64_t>((threads + 255) / 256, 65535 * 16));
     };
     {
-        const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
-        sm80::mha_bwd_preprocess_kernel<Element>
-            <<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(params);
-        FLASH_CUDA_CHECK_LAUNCH();
+        const int64_t rows = varlen ? static_cast<int64_t>(params.h) * params.total_q
+                                    : static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
+        if (rows > 0) {
+            sm80::mha_bwd_preprocess_kernel<Element>
+                <<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(params);
+            FLASH_CUDA_CHECK_LAUNCH();
+        }
     }
     if (params.seqlen_k > 0) {
-        auto kernel = &sm80::mha_bwd_sm80_kernel<Element, Traits, Causal>;
-        constexpr int kSmemBytes = Traits::kSmemBytes;
-        reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel");
-        const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b,
-                        params.h);
-        kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
-        FLASH_CUDA_CHECK_LAUNCH();
+        const bool has_softcap = params.softcap > 0.f;
+        const bool has_alibi = params.alibi_slopes_ptr != nullptr;
+        BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
+            BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
+                using Traits = std::conditional_t<kHasAlibi || kHasSoftcap,
+                                                  typename sm80::BwdBiasTraitsOf<Config>::type,
+                                                  typename Config::Traits>;
+                auto kernel =
+                    &sm80::mha_bwd_sm80_kernel<Element, Traits, Causal, kHasAlibi, kHasSoftcap>;
+                constexpr int kSmemBytes = Traits::kSmemBytes;
+                reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel");
+                const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+                const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b,
+                                params.h);
+                kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+                FLASH_CUDA_CHECK_LAUNCH();
+            });
+        });
     }
     {
-        const int64_t n = static_cast<int64_t>(params.b) * params.seqlen_q * params.h * params.d;
-        sm80::mha_bwd_convert_dq_kernel<Element, HeadDim><<<blocks_for(n), 256, 0, stream>>>(params);
-        FLASH_CUDA_CHECK_LAUNCH();
+        const int64_t rows = varlen ? params.total_q : static_cast<int64_t>(params.b) * params.seqlen_q;
+        const int64_t n = rows * params.h * params.d;
+        if (n > 0) {
+            sm80::mha_bwd_convert_dq_kernel<Element, HeadDim>
+                <<<blocks_for(n), 256, 0, stream>>>(params);
+            FLASH_CUDA_CHECK_LAUNCH();
+        }
     }
-    if (params.seqlen_k > 0) {
-        const int64_t n = static_cast<int64_t>(params.b) * params.seqlen_k * params.h_k * params.d;
-        sm80::mha_bwd_convert_dkv_kernel<Element, HeadDim>
-            <<<blocks_for(n), 256, 0, stream>>>(params);
-        FLASH_CUDA_CHECK_LAUNCH();
+    {
+        const int64_t rows = varlen ? params.total_k : static_cast<int64_t>(params.b) * params.seqlen_k;
+        const int64_t n = rows * params.h_k * params.d;
+        if (n > 0) {
+            sm80::mha_bwd_convert_dkv_kernel<Element, HeadDim>
+                <<<blocks_for(n), 256, 0, stream>>>(params);
+            FLASH_CUDA_CHECK_LAUNCH();
+        }
     }
 }
 
