@@ -4,12 +4,14 @@
 // `fwd_kernel_covers`), the op runs the exact blockwise reference (reference/reference.h) on the
 // GPU instead: slower, same results, memory still linear in the sequence length.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "checks.h"
 #include "flash_api.h"
 #include "op_prologue.h"
+#include "kernels/decode.h"
 #include "kernels/launch.h"
 #include "reference/reference.h"
 
@@ -315,6 +317,34 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
             unpad_head_dim(dv, dims.head_dim)};
 }
 
+// KV cache append step: new k/v (b, s_new, h_k, d) written at cache positions
+// cache_seqlens[b] + t of cache row cache_batch_idx[b] (or b), or through block_table into
+// pages. Device-side index math only (no host sync): capturable in a CUDA graph.
+// (Rotary on the new keys belongs here too, in the append kernel; not on this path.)
+void append_new_kv(at::Tensor& k_cache, at::Tensor& v_cache, const OptTensor& k,
+                   const OptTensor& v, const OptTensor& cache_seqlens,
+                   const OptTensor& cache_batch_idx, const OptTensor& block_table) {
+    if (!k.has_value() || k->size(1) == 0 || !cache_seqlens.has_value()) return;
+    const int64_t batch = k->size(0), seqlen_new = k->size(1);
+    const auto long_opts = k->options().dtype(at::kLong);
+    const at::Tensor positions =
+        cache_seqlens->to(at::kLong).unsqueeze(1) + at::arange(seqlen_new, long_opts);
+    if (block_table.has_value()) {
+        const int64_t page = k_cache.size(1);
+        const at::Tensor blocks =
+            block_table->to(at::kLong).gather(1, at::floor_divide(positions, page));
+        const at::Tensor offsets = at::remainder(positions, page);
+        k_cache.index_put_({blocks, offsets}, *k);
+        v_cache.index_put_({blocks, offsets}, *v);
+        return;
+    }
+    const at::Tensor rows = cache_batch_idx.has_value()
+                                ? cache_batch_idx->to(at::kLong).unsqueeze(1)
+                                : at::arange(batch, long_opts).unsqueeze(1);
+    k_cache.index_put_({rows, positions}, *k);
+    v_cache.index_put_({rows, positions}, *v);
+}
+
 }  // namespace
 
 FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -360,8 +390,7 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         softcap, rng_state);
     const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    const bool kernel = fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax) &&
-                        !block_table.has_value();
+    const bool kernel = fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax);
     if (!kernel) {
         auto [out, lse, s_dmask] =
             reference::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
@@ -378,6 +407,12 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     params.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
     params.seqused_k = seqused_k.has_value() ? seqused_k->data_ptr<int>() : nullptr;
     params.unpadded_lse = true;
+    if (block_table.has_value()) {
+        // Paged KV: k/v (num_blocks, page, h_k, d); k/v batch strides are the block strides.
+        params.block_table = block_table->data_ptr<int>();
+        params.block_table_batch_stride = block_table->stride(0);
+        params.page_block_size = static_cast<int>(k.size(1));
+    }
     if (dims.total_q > 0 && max_seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {
@@ -435,46 +470,64 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
         window_size_right, softcap, num_splits);
     const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    // The forward kernel reads a contiguous-layout cache in place, each sequence limited to its
-    // cache_seqlens + new tokens (seqused_k). Paged caches, cache_batch_idx, cache_leftpad,
-    // rotary and head dims that need padding take the exact reference (no split-KV kernel yet:
-    // num_splits is not used on this path).
+    // The forward kernel reads the cache in place (contiguous rows, cache_batch_idx,
+    // cache_leftpad, or pages through block_table), each sequence limited to its cache_seqlens +
+    // new tokens (seqused_k), split over the keys when that fills the GPU better. Rotary (the
+    // append kernel's job) and head dims that need padding take the exact reference.
     const bool kernel = fwd_kernel_covers(q, dims.head_dim, 0.0, false) &&
-                        dims.head_dim % 8 == 0 && !block_table.has_value() &&
-                        !cache_batch_idx.has_value() && !cache_leftpad.has_value() &&
-                        !rotary_cos.has_value() && aligned_for_kernels(q) &&
-                        aligned_for_kernels(k_cache) && aligned_for_kernels(v_cache);
+                        dims.head_dim % 8 == 0 && !rotary_cos.has_value() &&
+                        aligned_for_kernels(q) && aligned_for_kernels(k_cache) &&
+                        aligned_for_kernels(v_cache);
     if (!kernel) {
         return reference::kvcache(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos,
                                   rotary_sin, cache_batch_idx, cache_leftpad, block_table,
                                   rotary_interleaved, call.opts);
     }
-    // Append the new tokens at cache_seqlens[b] + t (device-side indices: no host sync, so the
-    // call can be captured in a CUDA graph).
     const int64_t seqlen_new = k.has_value() ? k->size(1) : 0;
+    // ---- 1. Append step: the new k/v go into the cache at cache_seqlens[b] + t.
+    append_new_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table);
+    // ---- 2. Attention over the cache.
     at::Tensor seqused;
     if (cache_seqlens.has_value()) {
-        if (seqlen_new > 0) {
-            const auto long_opts = q.options().dtype(at::kLong);
-            const at::Tensor rows = at::arange(dims.batch, long_opts).unsqueeze(1);
-            const at::Tensor positions =
-                cache_seqlens->to(at::kLong).unsqueeze(1) + at::arange(seqlen_new, long_opts);
-            k_cache.index_put_({rows, positions}, *k);
-            v_cache.index_put_({rows, positions}, *v);
-        }
         seqused = (*cache_seqlens + static_cast<int>(seqlen_new)).to(at::kInt);
     }
     at::Tensor out = at::empty_like(q, q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));
+    if (dims.seqlen_q == 0) return {out, lse};
     FwdParams params;
     set_fwd_params(params, dims, q, k_cache, v_cache, out, lse, call.opts);
     params.seqused_k = seqused.defined() ? seqused.data_ptr<int>() : nullptr;
-    if (dims.seqlen_q > 0) {
-        const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-        dispatch_dtype(q.scalar_type(), [&](auto element) {
-            run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
-        });
+    params.cache_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
+    params.leftpad_k = cache_leftpad.has_value() ? cache_leftpad->data_ptr<int>() : nullptr;
+    if (block_table.has_value()) {
+        params.block_table = block_table->data_ptr<int>();
+        params.block_table_batch_stride = block_table->stride(0);
+        params.page_block_size = static_cast<int>(k_cache.size(1));
     }
+    // GQA packing (decode.h: one query row, no ALiBi, no left window): the query heads of a
+    // KV head become the rows of one tile.
+    if (decode::gqa_packable(params)) decode::pack_gqa(params);
+    const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const bool decode_tile = decode::uses_decode_tile(params);
+    const int bm = decode::block_m(decode_tile);
+    const int64_t tiles = static_cast<int64_t>(params.b) * params.h * ((params.seqlen_q + bm - 1) / bm);
+    params.num_splits = decode::num_splits(static_cast<int>(num_splits), tiles, params.seqlen_k,
+                                           decode_tile, params.d_rounded, num_sms);
+    // Split-KV workspaces: sizes from shapes only (CUDA-graph capturable).
+    at::Tensor out_accum, lse_accum;
+    if (params.num_splits > 1) {
+        const auto f32 = q.options().dtype(at::kFloat);
+        out_accum = at::empty({params.num_splits, params.b, params.h, params.seqlen_q,
+                               params.d_rounded}, f32);
+        lse_accum = at::empty({params.num_splits, params.b, params.h, params.seqlen_q}, f32);
+        params.oaccum_ptr = out_accum.data_ptr();
+        params.softmax_lseaccum_ptr = lse_accum.data_ptr<float>();
+    }
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    dispatch_dtype(q.scalar_type(), [&](auto element) {
+        run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
+        if (params.num_splits > 1) run_combine_splits<decltype(element)>(params, stream);
+    });
     return {out, lse};
 }
 

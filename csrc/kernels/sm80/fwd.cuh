@@ -37,15 +37,17 @@
 namespace flash_cuda {
 namespace sm80 {
 
-// Where one batch entry's rows start and how many there are (fixed length or varlen).
+// Where one batch entry's rows start and how many there are (fixed length or varlen; KV cache
+// with cache_batch_idx / cache_leftpad; paged KV).
 struct SequenceInfo {
     int64_t q_offset;   // element offset of row 0 of q (o uses the same rows)
     int64_t o_offset;
-    int64_t k_offset;   // element offset of row 0 of k / v (head 0)
+    int64_t k_offset;   // element offset of row 0 of k / v (head 0); 0 when paged
     int64_t v_offset;
     int q_start;        // varlen: first packed row of the sequence (lse index), else 0
     int seqlen_q;
     int seqlen_k;
+    int k_pos0;         // paged: cache position of key 0 (cache_leftpad), else 0
 
     __device__ __forceinline__ static SequenceInfo make(const FwdParams& params, int batch) {
         SequenceInfo info;
@@ -67,24 +69,112 @@ struct SequenceInfo {
             info.k_offset = static_cast<int64_t>(start) * params.k_row_stride;
             info.v_offset = static_cast<int64_t>(start) * params.v_row_stride;
         } else {
+            // KV cache: batch entry i reads cache sequence cache_batch_idx[i].
+            const int cache_row =
+                params.cache_batch_idx != nullptr ? params.cache_batch_idx[batch] : batch;
             info.seqlen_k = params.seqlen_k;
-            info.k_offset = static_cast<int64_t>(batch) * params.k_batch_stride;
-            info.v_offset = static_cast<int64_t>(batch) * params.v_batch_stride;
+            info.k_offset = static_cast<int64_t>(cache_row) * params.k_batch_stride;
+            info.v_offset = static_cast<int64_t>(cache_row) * params.v_batch_stride;
         }
         if (params.seqused_k != nullptr) info.seqlen_k = params.seqused_k[batch];
+        // Paged: key positions go through the block table (k/v batch strides are the physical
+        // block strides), so the sequence starts at block-table position 0.
+        if (params.block_table != nullptr) info.k_offset = info.v_offset = 0;
+        info.k_pos0 = 0;
+        // KV cache with left padding: keys [leftpad, seqused_k) of the cache row.
+        if (params.leftpad_k != nullptr) {
+            const int leftpad = params.leftpad_k[batch];
+            info.seqlen_k -= leftpad;
+            if (params.block_table != nullptr) {
+                info.k_pos0 = leftpad;
+            } else {
+                info.k_offset += static_cast<int64_t>(leftpad) * params.k_row_stride;
+                info.v_offset += static_cast<int64_t>(leftpad) * params.v_row_stride;
+            }
+        }
         return info;
     }
 };
 
+// Where this CTA's keys and values come from: key 0 of this sequence and KV head in k / v (paged:
+// block-table position 0 of this KV head), and for a paged cache the cache position of key 0.
+struct KVSource {
+    const void* k_seq;
+    const void* v_seq;
+    int pos0;
+};
+
 // Values shared by the CTA and needed only now and then in the main loop (see the kernel).
 struct CtaScalars {
-    const void* k_seq;        // key 0 of this sequence and KV head in k / v
-    const void* v_seq;
+    KVSource kv;
     int unmasked_keys_begin;  // key blocks inside [begin, end) for every row need no mask
     int unmasked_keys_end;
     int diag;                 // seqlen_k - seqlen_q
     KeyRange key_range;       // visible keys per query row
 };
+
+// Split-KV (params.num_splits > 1): the grid's x dimension is split-major, blockIdx.x =
+// split * (m blocks) + m-block index. Split s of a tile handles the s-th of num_splits equal
+// contiguous ranges of the key blocks the tile can see, and writes fp32 partial results:
+//   oaccum   (num_splits, b, h, seqlen_q, d_rounded)   O of the split, normalised by its own sum
+//   lseaccum (num_splits, b, h, seqlen_q)             lse of the split; -inf: saw no key
+// (combine.cu merges them). Fixed-length q only (lse layout (b, h, seqlen_q)).
+__device__ __forceinline__ int split_index(const FwdParams& params) {
+    return params.num_splits > 1 ? static_cast<int>(blockIdx.x / (gridDim.x / params.num_splits))
+                                 : 0;
+}
+
+__device__ __forceinline__ int64_t partial_row(const FwdParams& params, int split, int batch,
+                                               int head, int row) {
+    return ((static_cast<int64_t>(split) * params.b + batch) * params.h + head) *
+               params.seqlen_q + row;
+}
+
+// Empty split (or a tile that sees no key): zero partial O, lse -inf for rows [m0, m0 + rows).
+template <typename Traits>
+__device__ __forceinline__ void store_empty_partial(const FwdParams& params, int split, int batch,
+                                                    int head, int m0, int rows, int tid) {
+    const int64_t first = partial_row(params, split, batch, head, m0);
+    float* o = reinterpret_cast<float*>(params.oaccum_ptr) + first * params.d_rounded;
+    for (int i = tid; i < rows * params.d_rounded; i += Traits::kNThreads) o[i] = 0.f;
+    for (int row = tid; row < rows; row += Traits::kNThreads) {
+        params.softmax_lseaccum_ptr[first + row] = -INFINITY;
+    }
+}
+
+// K / V tile of key block n_block (keys [n_block kBlockN, ...) of the sequence, valid_rows of
+// them real) into shared memory, contiguous rows or through the block table of a paged cache.
+template <typename Element, typename Traits>
+__device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t smem_tile,
+                                             const Element* seq, int pos0, int64_t page_stride,
+                                             int64_t row_stride, int n_block, int valid_rows,
+                                             int tid) {
+    using KVCopy = typename Traits::KVCopy;
+    // A kernel parameter (uniform, constant bank) decides, not a per-CTA value.
+    // Paged caches only in the decode tile's kernels (Traits::kPagedKV; the host sends every
+    // paged call there): next to the 128-row tile's main loop at d = 128 the gather path costs
+    // a few spilled registers.
+    if (!Traits::kPagedKV || params.block_table == nullptr) {
+        KVCopy::load_async(smem_tile,
+                           seq + static_cast<int64_t>(n_block) * Traits::kBlockN * row_stride,
+                           row_stride, valid_rows, params.d, tid);
+    } else {
+        // This sequence's block-table row (batch = blockIdx.y).
+        const int* block_table =
+            params.block_table + static_cast<int64_t>(blockIdx.y) * params.block_table_batch_stride;
+        const int first = pos0 + n_block * Traits::kBlockN;
+        const int page_size = params.page_block_size;
+        KVCopy::load_async_gather(
+            smem_tile,
+            [&](int r) {
+                const int pos = first + r;
+                const int page = pos / page_size;
+                return seq + static_cast<int64_t>(block_table[page]) * page_stride +
+                       static_cast<int64_t>(pos - page * page_size) * row_stride;
+            },
+            seq, valid_rows, params.d, tid);
+    }
+}
 
 // Where this CTA writes: its O tile (row m0 of the sequence, this head) and lse entries.
 template <typename Element>
@@ -126,6 +216,35 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
 
     float lse[kMTiles][2];
     softmax.finalize(acc_o, lse, log2_scale);
+    // (Only the decode tile's kernels carry this code: in the 128-row tile at d = 128 it costs
+    // the main loop a few spilled registers.)
+    if (Traits::kSplitKV && params.num_splits > 1) {
+        // Split-KV partial result: fp32 O straight from the accumulators (each quad writes
+        // 32 contiguous bytes per 8 columns), lse -inf where this split saw no key.
+        const int split = split_index(params);
+        const int64_t first = partial_row(params, split, batch, head, m0);
+        float* o_part = reinterpret_cast<float*>(params.oaccum_ptr);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_row0 + 16 * mt + 8 * half + lane / 4;  // in the tile
+                if (row < out.valid_rows) {
+                    const float l = lse[mt][half];
+                    if (lane % 4 == 0) {
+                        params.softmax_lseaccum_ptr[first + row] = l == INFINITY ? -INFINITY : l;
+                    }
+                    float* o_row = o_part + (first + row) * params.d_rounded + 2 * (lane % 4);
+#pragma unroll
+                    for (int dt = 0; dt < Traits::kDTiles; ++dt) {
+                        *reinterpret_cast<float2*>(o_row + 8 * dt) =
+                            make_float2(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
+                    }
+                }
+            }
+        }
+        return;
+    }
     if (lane % 4 == 0) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
@@ -178,8 +297,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
+    // Split-KV (decode tile only, Traits::kSplitKV): blockIdx.x = split * (m blocks) + m-block
+    // index (split_index()).
+    int m_index = blockIdx.x, split = 0;
+    if (Traits::kSplitKV && params.num_splits > 1) {
+        const int num_m_blocks = gridDim.x / params.num_splits;
+        split = blockIdx.x / num_m_blocks;
+        m_index = blockIdx.x - split * num_m_blocks;
+    }
     // Causal: the last query blocks have the most keys; start them first.
-    const int m_block = Causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int m_block =
+        Causal ? gridDim.x / (Traits::kSplitKV ? params.num_splits : 1) - 1 - m_index : m_index;
     const int batch = blockIdx.y;
     const int head = blockIdx.z;
     const int m0 = m_block * kBlockM;  // first query row of this CTA
@@ -191,8 +319,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Written by thread 0, visible to all after the first barrier of the main loop.
     static_assert(sizeof(CtaScalars) <= Traits::kSmemScalarsBytes, "scalars area too small");
     CtaScalars& cta = *reinterpret_cast<CtaScalars*>(smem + Traits::kSmemScalarsOffset);
-    const Element* k_seq;              // key 0 of this sequence and KV head (prologue only)
-    const Element* v_seq;
+    KVSource kv;                       // prologue copy of cta.kv
     int seqlen_k;
     {
         const SequenceInfo seq = SequenceInfo::make(params, batch);
@@ -213,6 +340,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int keys_end = mask.key_end(m0 + valid_q_rows - 1);
         n_block_min = keys_begin / kBlockN;
         n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
+        // Split-KV: this split's share of those blocks (possibly none).
+        if (Traits::kSplitKV && params.num_splits > 1 && n_block_max > n_block_min) {
+            const int per_split =
+                (n_block_max - n_block_min + params.num_splits - 1) / params.num_splits;
+            n_block_min += split * per_split;
+            n_block_max = min(n_block_max, n_block_min + per_split);
+        }
         // Blocks inside every tile row's visible range need no mask: keys [n kBlockN,
         // (n+1) kBlockN) with (n+1) kBlockN <= key_end(first row), n kBlockN >= key_begin(last).
         if (tid == 0) {
@@ -223,8 +357,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
 
         // ---- No visible key for any row of the tile (seqlen_k = 0, causal with seqlen_q >
-        // seqlen_k, windows past the end): out = 0, lse = +inf.
+        // seqlen_k, windows past the end) or an empty split: out = 0, lse = +inf (split: the
+        // partial O = 0, lse = -inf, which the combine weighs 0).
         if (n_block_max <= n_block_min) {
+            if (Traits::kSplitKV && params.num_splits > 1) {
+                store_empty_partial<Traits>(params, split, batch, head, m0, valid_q_rows, tid);
+                return;
+            }
             const OutputTile<Element> out =
                 OutputTile<Element>::make(params, seq, batch, head, m0, kBlockM);
             QCopy::store_zeros(out.o, params.o_row_stride, out.valid_rows, params.d, tid);
@@ -234,19 +373,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             return;
         }
 
-        // ---- Q tile load (64-bit element offsets), K/V sequence pointers.
+        // ---- Q tile load (64-bit element offsets), K/V sources.
         const Element* q_tile = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
                                 head * params.q_head_stride + m0 * params.q_row_stride;
         QCopy::load_async(smem_q, q_tile, params.q_row_stride, valid_q_rows, params.d, tid);
         const int kv_head = head / params.h_h_k_ratio;
-        k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
-                kv_head * params.k_head_stride;
-        v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
-                kv_head * params.v_head_stride;
-        if (tid == 0) {
-            cta.k_seq = k_seq;
-            cta.v_seq = v_seq;
-        }
+        kv.k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
+                   kv_head * params.k_head_stride;
+        kv.v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
+                   kv_head * params.v_head_stride;
+        kv.pos0 = seq.k_pos0;
+        if (tid == 0) cta.kv = kv;
     }
 
     // ---- Score units: final score = s * score_scale (+ ALiBi); softmax exponent factor.
@@ -264,29 +401,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const int n_iters = n_block_max - n_block_min;
     // K / V tiles of iteration `it` (key block n_block_max - 1 - it) into buffer it % kStages.
-    // k_base / v_base: key 0 of the sequence (k_seq / v_seq, or their copies in `cta`).
-    auto load_k = [&](int it, const Element* k_base) {
+    // src: the K/V source (`kv` in the prologue, its shared copy `cta.kv` in the loop).
+    auto load_k = [&](int it, const KVSource& src) {
         const int n_block = n_block_max - 1 - it;
-        KVCopy::load_async(
-            smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
-            k_base + static_cast<int64_t>(n_block) * kBlockN * params.k_row_stride,
-            params.k_row_stride, seqlen_k - n_block * kBlockN, params.d, tid);
+        load_kv_tile<Element, Traits>(params, smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
+                                      static_cast<const Element*>(src.k_seq), src.pos0, params.k_batch_stride, params.k_row_stride,
+                                      n_block, seqlen_k - n_block * kBlockN, tid);
     };
-    auto load_v = [&](int it, const Element* v_base) {
+    auto load_v = [&](int it, const KVSource& src) {
         const int n_block = n_block_max - 1 - it;
-        KVCopy::load_async(
-            smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
-            v_base + static_cast<int64_t>(n_block) * kBlockN * params.v_row_stride,
-            params.v_row_stride, seqlen_k - n_block * kBlockN, params.d, tid);
+        load_kv_tile<Element, Traits>(params, smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
+                                      static_cast<const Element*>(src.v_seq), src.pos0, params.v_batch_stride, params.v_row_stride,
+                                      n_block, seqlen_k - n_block * kBlockN, tid);
     };
 
     // ---- Prologue: Q (issued above) with K of the first block, then (double buffering) V0, K1.
-    load_k(0, k_seq);
+    load_k(0, kv);
     ptx::cp_async_commit();
     if constexpr (kStages == 2) {
-        load_v(0, v_seq);
+        load_v(0, kv);
         ptx::cp_async_commit();
-        if (n_iters > 1) load_k(1, k_seq);
+        if (n_iters > 1) load_k(1, kv);
         ptx::cp_async_commit();
     }
 
@@ -311,7 +446,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx::cp_async_wait<kGroupsInFlight>();
         __syncthreads();
         if (it + kStages - 1 < n_iters) {
-            load_v(it + kStages - 1, static_cast<const Element*>(cta.v_seq));
+            load_v(it + kStages - 1, cta.kv);
         }
         ptx::cp_async_commit();
 
@@ -347,7 +482,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // V of this block has landed; every warp is done reading this block's K buffer.
         ptx::cp_async_wait<kGroupsInFlight>();
         __syncthreads();
-        if (it + kStages < n_iters) load_k(it + kStages, static_cast<const Element*>(cta.k_seq));
+        if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
         ptx::cp_async_commit();
 
         warp_gemm_pv<Element, Traits>(acc_o, p_frag, smem_v + slot * Traits::kSmemKVTileBytes, lane);
