@@ -4,7 +4,6 @@
 // `fwd_kernel_covers`), the op runs the exact blockwise reference (reference/reference.h) on the
 // GPU instead: slower, same results, memory still linear in the sequence length.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -507,7 +506,8 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     // GQA packing (decode.h: one query row, no ALiBi, no left window): the query heads of a
     // KV head become the rows of one tile.
     if (decode::gqa_packable(params)) decode::pack_gqa(params);
-    const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    int num_sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
     const bool decode_tile = decode::uses_decode_tile(params);
     const int bm = decode::block_m(decode_tile);
     const int64_t tiles = static_cast<int64_t>(params.b) * params.h * ((params.seqlen_q + bm - 1) / bm);
