@@ -488,7 +488,9 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     // ---- 2. Attention over the cache.
     at::Tensor seqused;
     if (cache_seqlens.has_value()) {
-        seqused = (*cache_seqlens + static_cast<int>(seqlen_new)).to(at::kInt);
+        // (No new tokens: the int32 cache_seqlens as they are, no extra kernel.)
+        seqused = seqlen_new == 0 ? cache_seqlens->contiguous()
+                                  : (*cache_seqlens + static_cast<int>(seqlen_new)).to(at::kInt);
     }
     at::Tensor out = at::empty_like(q, q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));

@@ -135,3 +135,23 @@ def test_paged_varlen_prefill_emulated(page):
         v_i = v_dense[i:i + 1, :seqlens_k[i]]
         assert_close_to_oracle(out[q0:q1].unsqueeze(0), lse[:, q0:q1].unsqueeze(0),
                                q[q0:q1].unsqueeze(0), k_i, v_i, causal=causal)
+
+
+@pytest.mark.parametrize("feature", ("plain", "causal", "window", "softcap", "alibi"))
+def test_short_query_fwd_emulated(feature):
+    """Plain fwd with seqlen_q <= 64 now runs the decode tile (64 x 64/128): the grid cases of
+    test_fwd_gpu at short query lengths."""
+    from test_fwd_gpu import feature_options
+    rng = random.Random(FEATURE_SEEDS[feature])
+    gen = torch.Generator().manual_seed(FEATURE_SEEDS[feature])
+    for (sq, sk, d) in ((17, 203, 128), (1, 239, 64)):
+        b, h, hk = 2, 4, 2
+        q = torch.randn(b, sq, h, d, generator=gen).half()
+        k = torch.randn(b, sk, hk, d, generator=gen).half()
+        v = torch.randn(b, sk, hk, d, generator=gen).half()
+        opts = feature_options(feature, sq, sk, b, h, rng, device="cpu")
+        out, lse = run_fwd_emulated(q, k, v, **opts)
+        assert_close_to_oracle(out, lse, q, k, v, **opts)
+
+
+FEATURE_SEEDS = {"plain": 1, "causal": 2, "window": 3, "softcap": 4, "alibi": 5}

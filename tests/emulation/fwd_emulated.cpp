@@ -36,7 +36,9 @@ using namespace emu_host;
 template <typename Element, typename Traits, bool Causal>
 void run_traits(FwdParams& params) {
     const int num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    const dim3 grid(num_m_blocks * params.num_splits, params.b, params.h);
+    // fwd_launch.cuh: the decode tile runs heads along x, splits x m blocks along z.
+    const dim3 grid = Traits::kSplitKV ? dim3(params.h, params.b, num_m_blocks * params.num_splits)
+                                       : dim3(num_m_blocks, params.b, params.h);
     // Same variant choice as csrc/kernels/sm80/fwd_launch.cuh.
     const bool has_softcap = params.softcap > 0.f;
     const bool has_alibi = params.alibi_slopes_ptr != nullptr ||

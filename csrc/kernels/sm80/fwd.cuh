@@ -113,15 +113,37 @@ struct CtaScalars {
     KeyRange key_range;       // visible keys per query row
 };
 
-// Split-KV (params.num_splits > 1): the grid's x dimension is split-major, blockIdx.x =
-// split * (m blocks) + m-block index. Split s of a tile handles the s-th of num_splits equal
+// Grid. 128-row tile: (m blocks, b, h). Decode tile (Traits::kSplitKV): (h, b, splits x m
+// blocks), heads fastest, so the CTAs of the query heads that share a KV head (unpacked GQA:
+// several query rows, ALiBi, left windows) run side by side and read each K/V tile from L2
+// rather than from DRAM once per head. The last dimension is split-major:
+// blockIdx.z = split * (m blocks) + m-block index.
+// Split-KV (params.num_splits > 1): split s of a tile handles the s-th of num_splits equal
 // contiguous ranges of the key blocks the tile can see, and writes fp32 partial results:
 //   oaccum   (num_splits, b, h, seqlen_q, d_rounded)   O of the split, normalised by its own sum
 //   lseaccum (num_splits, b, h, seqlen_q)             lse of the split; -inf: saw no key
 // (combine.cu merges them). Fixed-length q only (lse layout (b, h, seqlen_q)).
-__device__ __forceinline__ int split_index(const FwdParams& params) {
-    return params.num_splits > 1 ? static_cast<int>(blockIdx.x / (gridDim.x / params.num_splits))
-                                 : 0;
+struct BlockCoords {
+    int m_index;  // m block, in launch order
+    int num_m_blocks;
+    int split;
+    int head;
+};
+template <typename Traits>
+__device__ __forceinline__ BlockCoords block_coords(const FwdParams& params) {
+    BlockCoords c;
+    if constexpr (Traits::kSplitKV) {
+        c.head = blockIdx.x;
+        c.num_m_blocks = gridDim.z / params.num_splits;
+        c.split = params.num_splits > 1 ? static_cast<int>(blockIdx.z) / c.num_m_blocks : 0;
+        c.m_index = blockIdx.z - c.split * c.num_m_blocks;
+    } else {
+        c.head = blockIdx.z;
+        c.num_m_blocks = gridDim.x;
+        c.split = 0;
+        c.m_index = blockIdx.x;
+    }
+    return c;
 }
 
 __device__ __forceinline__ int64_t partial_row(const FwdParams& params, int split, int batch,
@@ -221,7 +243,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
     if (Traits::kSplitKV && params.num_splits > 1) {
         // Split-KV partial result: fp32 O straight from the accumulators (each quad writes
         // 32 contiguous bytes per 8 columns), lse -inf where this split saw no key.
-        const int split = split_index(params);
+        const int split = block_coords<Traits>(params).split;
         const int64_t first = partial_row(params, split, batch, head, m0);
         float* o_part = reinterpret_cast<float*>(params.oaccum_ptr);
 #pragma unroll
@@ -297,19 +319,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
-    // Split-KV (decode tile only, Traits::kSplitKV): blockIdx.x = split * (m blocks) + m-block
-    // index (split_index()).
-    int m_index = blockIdx.x, split = 0;
-    if (Traits::kSplitKV && params.num_splits > 1) {
-        const int num_m_blocks = gridDim.x / params.num_splits;
-        split = blockIdx.x / num_m_blocks;
-        m_index = blockIdx.x - split * num_m_blocks;
-    }
+    // Grid coordinates (block_coords: the decode tile orders heads first and has the splits).
+    const BlockCoords coords = block_coords<Traits>(params);
+    const int split = coords.split;
     // Causal: the last query blocks have the most keys; start them first.
-    const int m_block =
-        Causal ? gridDim.x / (Traits::kSplitKV ? params.num_splits : 1) - 1 - m_index : m_index;
+    const int m_block = Causal ? coords.num_m_blocks - 1 - coords.m_index : coords.m_index;
     const int batch = blockIdx.y;
-    const int head = blockIdx.z;
+    const int head = coords.head;
     const int m0 = m_block * kBlockM;  // first query row of this CTA
 
     int n_block_min, n_block_max;      // key blocks some row of the tile can see
@@ -405,14 +421,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto load_k = [&](int it, const KVSource& src) {
         const int n_block = n_block_max - 1 - it;
         load_kv_tile<Element, Traits>(params, smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
-                                      static_cast<const Element*>(src.k_seq), src.pos0, params.k_batch_stride, params.k_row_stride,
-                                      n_block, seqlen_k - n_block * kBlockN, tid);
+                                      static_cast<const Element*>(src.k_seq), src.pos0,
+                                      params.k_batch_stride, params.k_row_stride, n_block,
+                                      seqlen_k - n_block * kBlockN, tid);
     };
     auto load_v = [&](int it, const KVSource& src) {
         const int n_block = n_block_max - 1 - it;
         load_kv_tile<Element, Traits>(params, smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
-                                      static_cast<const Element*>(src.v_seq), src.pos0, params.v_batch_stride, params.v_row_stride,
-                                      n_block, seqlen_k - n_block * kBlockN, tid);
+                                      static_cast<const Element*>(src.v_seq), src.pos0,
+                                      params.v_batch_stride, params.v_row_stride, n_block,
+                                      seqlen_k - n_block * kBlockN, tid);
     };
 
     // ---- Prologue: Q (issued above) with K of the first block, then (double buffering) V0, K1.

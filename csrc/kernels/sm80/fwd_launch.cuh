@@ -51,8 +51,16 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
             }
             const int num_m_blocks =
                 (params.seqlen_q + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM;
-            // Split-KV: splits along x, split-major (fwd.cuh: split_index).
-            const dim3 grid(num_m_blocks * params.num_splits, params.b, params.h);
+            // fwd.cuh block_coords: the decode tile runs heads along x and splits x m blocks
+            // along z (split-major), the 128-row tile m blocks along x and heads along z.
+            const int64_t m_split_blocks = static_cast<int64_t>(num_m_blocks) * params.num_splits;
+            if (KernelTraits::kSplitKV && m_split_blocks > 65535) {
+                throw std::runtime_error("flash_cuda: decode tile supports at most 65535 query "
+                                         "blocks x splits, got " + std::to_string(m_split_blocks));
+            }
+            const dim3 grid = KernelTraits::kSplitKV
+                                  ? dim3(params.h, params.b, static_cast<unsigned>(m_split_blocks))
+                                  : dim3(num_m_blocks, params.b, params.h);
             kernel<<<grid, KernelTraits::kNThreads, kSmemBytes, stream>>>(params);
             FLASH_CUDA_CHECK_LAUNCH();
         });
