@@ -505,16 +505,15 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
         params.block_table_batch_stride = block_table->stride(0);
         params.page_block_size = static_cast<int>(k_cache.size(1));
     }
-    // GQA packing (decode.h: one query row, no ALiBi, no left window): the query heads of a
-    // KV head become the rows of one tile.
-    if (decode::gqa_packable(params)) decode::pack_gqa(params);
+    // GQA packing (decode.h): the query heads of a KV head become the rows of one tile, by
+    // re-striding q/o (one query row, no left window) or in the kernel (up to 64 query rows).
+    // Not with ALiBi.
+    decode::plan_gqa_packing(params);
     int num_sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
-    const bool decode_tile = decode::uses_decode_tile(params);
-    const int bm = decode::block_m(decode_tile);
-    const int64_t tiles = static_cast<int64_t>(params.b) * params.h * ((params.seqlen_q + bm - 1) / bm);
-    params.num_splits = decode::num_splits(static_cast<int>(num_splits), tiles, params.seqlen_k,
-                                           decode_tile, params.d_rounded, num_sms);
+    params.num_splits = decode::num_splits(static_cast<int>(num_splits), decode::num_tiles(params),
+                                           params.seqlen_k, decode::uses_decode_tile(params),
+                                           params.d_rounded, num_sms);
     // Split-KV workspaces: sizes from shapes only (CUDA-graph capturable).
     at::Tensor out_accum, lse_accum;
     if (params.num_splits > 1) {

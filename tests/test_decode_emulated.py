@@ -69,6 +69,13 @@ CASES = [
      dict(num_splits=0, softcap=30.0, pack_gqa=True)),
     ("d80-sq4-split16", torch.bfloat16, 80, 1, 2, 1, 4, 256, None, [250],
      dict(num_splits=16, causal=True)),
+    # In-kernel GQA packing (several query rows per KV head group, or a left window).
+    ("inkernel-sq8-g8-causal-split3", torch.bfloat16, 128, 2, 8, 1, 8, 320, None, [300, 9],
+     dict(num_splits=3, causal=True, pack_gqa=True)),
+    ("inkernel-sq17-g4-window-paged16", torch.float16, 64, 2, 8, 2, 17, 256, 16, [256, 40],
+     dict(num_splits=1, window=(30, 2), pack_gqa=True)),
+    ("inkernel-sq3-g2-softcap-empty-rows", torch.float16, 64, 3, 4, 2, 3, 128, None, [0, 2, 128],
+     dict(num_splits=2, causal=True, softcap=20.0, pack_gqa=True)),
 ]
 
 

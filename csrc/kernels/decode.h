@@ -19,9 +19,10 @@ constexpr int kMaxSplits = 128;
 // write and the combine cost more than the split saves).
 constexpr int kMinBlocksPerSplit = 2;
 
-// Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64 or paged).
+// Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64, paged,
+// or GQA packed in the kernel).
 inline bool uses_decode_tile(const FwdParams& p) {
-    return p.seqlen_q <= 64 || p.block_table != nullptr;
+    return p.seqlen_q <= 64 || p.block_table != nullptr || p.gqa_pack > 1;
 }
 // Tile geometry (kernels/sm80/traits.h: FwdDecodeConfig for the decode tile, else FwdConfig;
 // only roughly for the latter, which never splits).
@@ -64,6 +65,34 @@ inline void pack_gqa(FwdParams& p) {
     p.h_h_k_ratio = 1;
     p.is_causal = false;
     p.window_size_right = -1;
+}
+
+// GQA packing in the kernel (params.gqa_pack, fwd.cuh PackedRow): tile row r is query position
+// r / g of head kv_head * g + r % g, and the mask uses the position, so causal and windows stay
+// exact for any number of query rows. Used where the re-striding above is not exact (several
+// query rows: speculative decoding; a left window). Not with ALiBi (the kernel takes one slope
+// per CTA), not varlen, and only up to 64 query rows (the decode regime).
+inline bool gqa_packable_in_kernel(const FwdParams& p) {
+    return p.seqlen_q >= 1 && p.seqlen_q <= 64 && p.h_h_k_ratio > 1 &&
+           p.alibi_slopes_ptr == nullptr && p.cu_seqlens_q == nullptr;
+}
+
+// The kvcache op's packing decision: re-strided when exact, else in the kernel where possible.
+inline void plan_gqa_packing(FwdParams& p) {
+    if (gqa_packable(p)) {
+        pack_gqa(p);
+    } else if (gqa_packable_in_kernel(p)) {
+        p.gqa_pack = p.h_h_k_ratio;
+    }
+}
+
+// CTAs of one split: batch x (KV) heads x m blocks.
+inline int64_t num_tiles(const FwdParams& p) {
+    const bool packed = p.gqa_pack > 1;
+    const int64_t rows = static_cast<int64_t>(p.seqlen_q) * (packed ? p.gqa_pack : 1);
+    const int heads = packed ? p.h / p.gqa_pack : p.h;
+    const int bm = block_m(uses_decode_tile(p));
+    return static_cast<int64_t>(p.b) * heads * ((rows + bm - 1) / bm);
 }
 
 // Split count for a problem of `tiles` CTAs (batch x heads x m blocks) over key blocks of a

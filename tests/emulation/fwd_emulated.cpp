@@ -35,9 +35,12 @@ using namespace emu_host;
 
 template <typename Element, typename Traits, bool Causal>
 void run_traits(FwdParams& params) {
-    const int num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    // fwd_launch.cuh: the decode tile runs heads along x, splits x m blocks along z.
-    const dim3 grid = Traits::kSplitKV ? dim3(params.h, params.b, num_m_blocks * params.num_splits)
+    // fwd_launch.cuh: the decode tile runs (KV) heads along x, splits x m blocks along z.
+    const bool packed = Traits::kPackGQA && params.gqa_pack > 1;
+    const int rows = params.seqlen_q * (packed ? params.gqa_pack : 1);
+    const int num_m_blocks = (rows + Traits::kBlockM - 1) / Traits::kBlockM;
+    const int heads = packed ? params.h / params.gqa_pack : params.h;
+    const dim3 grid = Traits::kSplitKV ? dim3(heads, params.b, num_m_blocks * params.num_splits)
                                        : dim3(num_m_blocks, params.b, params.h);
     // Same variant choice as csrc/kernels/sm80/fwd_launch.cuh.
     const bool has_softcap = params.softcap > 0.f;
@@ -58,7 +61,8 @@ void run_traits(FwdParams& params) {
 template <typename Element, bool Causal>
 void run(FwdParams& params) {
     using namespace flash_cuda::sm80;
-    if (params.seqlen_q <= FwdDecodeConfig<EMU_HEAD_DIM>::kBlockM || params.block_table != nullptr) {
+    if (params.seqlen_q <= FwdDecodeConfig<EMU_HEAD_DIM>::kBlockM || params.block_table != nullptr ||
+        params.gqa_pack > 1) {
         run_traits<Element, typename FwdDecodeConfig<EMU_HEAD_DIM>::Traits, Causal>(params);
     } else {
         if (params.num_splits > 1) {
@@ -197,14 +201,11 @@ int main(int argc, char** argv) {
     p.softmax_lse_ptr = reinterpret_cast<float*>(lse.data());
 
     // The kvcache op's host steps (flash_api.cpp): GQA packing, split count.
-    if (geti_or("pack_gqa", 0) != 0 && flash_cuda::decode::gqa_packable(p)) {
-        flash_cuda::decode::pack_gqa(p);
-    }
+    if (geti_or("pack_gqa", 0) != 0) flash_cuda::decode::plan_gqa_packing(p);
     const bool decode_tile = flash_cuda::decode::uses_decode_tile(p);
-    const int bm = flash_cuda::decode::block_m(decode_tile);
-    const int64_t tiles = static_cast<int64_t>(p.b) * p.h * ((p.seqlen_q + bm - 1) / bm);
-    p.num_splits = flash_cuda::decode::num_splits(static_cast<int>(geti_or("num_splits", 1)), tiles,
-                                                  p.seqlen_k, decode_tile, p.d_rounded,
+    p.num_splits = flash_cuda::decode::num_splits(static_cast<int>(geti_or("num_splits", 1)),
+                                                  flash_cuda::decode::num_tiles(p), p.seqlen_k,
+                                                  decode_tile, p.d_rounded,
                                                   static_cast<int>(geti_or("num_sms", 132)));
     const size_t partial_rows =
         static_cast<size_t>(p.num_splits) * p.b * p.h * std::max(p.seqlen_q, 0);
@@ -213,8 +214,8 @@ int main(int argc, char** argv) {
         p.oaccum_ptr = o_acc.data();
         p.softmax_lseaccum_ptr = reinterpret_cast<float*>(lse_acc.data());
     }
-    std::printf("emulator: seqlen_q %d h %d num_splits %d decode_tile %d\n", p.seqlen_q, p.h,
-                p.num_splits, static_cast<int>(decode_tile));
+    std::printf("emulator: seqlen_q %d h %d gqa_pack %d num_splits %d decode_tile %d\n",
+                p.seqlen_q, p.h, p.gqa_pack, p.num_splits, static_cast<int>(decode_tile));
 
     if (p.seqlen_q > 0 && p.b > 0) {
         const bool causal = p.is_causal;

@@ -152,15 +152,52 @@ __device__ __forceinline__ int64_t partial_row(const FwdParams& params, int spli
                params.seqlen_q + row;
 }
 
-// Empty split (or a tile that sees no key): zero partial O, lse -inf for rows [m0, m0 + rows).
+// GQA packing in the kernel (params.gqa_pack = G > 1, decode tile only): tile row r (m0 + r in
+// the CTA's packed rows) is query position (m0 + r) / G of head kv_head * G + (m0 + r) % G.
+struct PackedRow {
+    int pos;
+    int head;
+    __device__ __forceinline__ static PackedRow make(int packed_row, int group, int kv_head) {
+        PackedRow p;
+        p.pos = packed_row / group;
+        p.head = kv_head * group + (packed_row - p.pos * group);
+        return p;
+    }
+};
+
+// Empty split (or a tile that sees no key): zero partial O, lse -inf for tile rows [0, rows).
+// packed: rows are PackedRow pairs of KV head `head`.
 template <typename Traits>
 __device__ __forceinline__ void store_empty_partial(const FwdParams& params, int split, int batch,
-                                                    int head, int m0, int rows, int tid) {
-    const int64_t first = partial_row(params, split, batch, head, m0);
-    float* o = reinterpret_cast<float*>(params.oaccum_ptr) + first * params.d_rounded;
-    for (int i = tid; i < rows * params.d_rounded; i += Traits::kNThreads) o[i] = 0.f;
+                                                    int head, int m0, int rows, bool packed,
+                                                    int tid) {
     for (int row = tid; row < rows; row += Traits::kNThreads) {
-        params.softmax_lseaccum_ptr[first + row] = -INFINITY;
+        int64_t index;
+        if (packed) {
+            const PackedRow pr = PackedRow::make(m0 + row, params.gqa_pack, head);
+            index = partial_row(params, split, batch, pr.head, pr.pos);
+        } else {
+            index = partial_row(params, split, batch, head, m0 + row);
+        }
+        params.softmax_lseaccum_ptr[index] = -INFINITY;
+        float* o = reinterpret_cast<float*>(params.oaccum_ptr) + index * params.d_rounded;
+        for (int c = 0; c < params.d_rounded; ++c) o[c] = 0.f;
+    }
+}
+
+// Packed tile that sees no key (not split): out = 0, lse = +inf for tile rows [0, rows).
+template <typename Element, typename Traits>
+__device__ __forceinline__ void store_empty_packed(const FwdParams& params, int batch, int kv_head,
+                                                   int m0, int rows, int tid) {
+    for (int row = tid; row < rows; row += Traits::kNThreads) {
+        const PackedRow pr = PackedRow::make(m0 + row, params.gqa_pack, kv_head);
+        Element* o = reinterpret_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride +
+                     pr.pos * params.o_row_stride + pr.head * params.o_head_stride;
+        for (int c = 0; c < params.d; c += 8) {
+            *reinterpret_cast<uint4*>(o + c) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        params.softmax_lse_ptr[(static_cast<int64_t>(batch) * params.h + pr.head) *
+                                   params.seqlen_q + pr.pos] = INFINITY;
     }
 }
 
@@ -238,6 +275,62 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
 
     float lse[kMTiles][2];
     softmax.finalize(acc_o, lse, log2_scale);
+    if (Traits::kPackGQA && params.gqa_pack > 1) {
+        // GQA-packed tile (head = the KV head): each row to its own (position, head).
+        const int group = params.gqa_pack;
+        const int valid_rows = min(Traits::kBlockM, params.seqlen_q * group - m0);
+        const bool split_kv = params.num_splits > 1;
+        const int split = block_coords<Traits>(params).split;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_row0 + 16 * mt + 8 * half + lane / 4;  // in the tile
+                if (row < valid_rows) {
+                    const PackedRow pr = PackedRow::make(m0 + row, group, head);
+                    const float l = lse[mt][half];
+                    if (split_kv) {
+                        const int64_t index = partial_row(params, split, batch, pr.head, pr.pos);
+                        if (lane % 4 == 0) {
+                            params.softmax_lseaccum_ptr[index] = l == INFINITY ? -INFINITY : l;
+                        }
+                        float* o_row = reinterpret_cast<float*>(params.oaccum_ptr) +
+                                       index * params.d_rounded + 2 * (lane % 4);
+#pragma unroll
+                        for (int dt = 0; dt < Traits::kDTiles; ++dt) {
+                            *reinterpret_cast<float2*>(o_row + 8 * dt) = make_float2(
+                                acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
+                        }
+                    } else if (lane % 4 == 0) {
+                        params.softmax_lse_ptr[(static_cast<int64_t>(batch) * params.h + pr.head) *
+                                                   params.seqlen_q + pr.pos] = l;
+                    }
+                }
+            }
+        }
+        if (split_kv) return;
+        const uint32_t o_thread =
+            smem_q + Traits::QTile::byte_offset(warp_row0 + lane / 4, 2 * (lane % 4));
+        static_for_each<kMTiles>([&](auto mt) {
+            static_for_each<2>([&](auto half) {
+                static_for_each<Traits::kDTiles>([&](auto dt) {
+                    ptx::st_shared_4(
+                        Traits::QTile::template stepped<16 * mt + 8 * half, 8 * dt>(o_thread),
+                        ptx::pack_float2<Element>(acc_o[mt][dt][2 * half],
+                                                  acc_o[mt][dt][2 * half + 1]));
+                });
+            });
+        });
+        __syncthreads();
+        Element* o_batch = reinterpret_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride;
+        Traits::QCopy::template store_scatter<Element>(
+            [&](int r) {
+                const PackedRow pr = PackedRow::make(m0 + r, group, head);
+                return o_batch + pr.pos * params.o_row_stride + pr.head * params.o_head_stride;
+            },
+            smem_q, valid_rows, params.d, tid);
+        return;
+    }
     // (Only the decode tile's kernels carry this code: in the 128-row tile at d = 128 it costs
     // the main loop a few spilled registers.)
     if (Traits::kSplitKV && params.num_splits > 1) {
@@ -339,9 +432,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     int seqlen_k;
     {
         const SequenceInfo seq = SequenceInfo::make(params, batch);
-        if (m0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than the grid
-        const int valid_q_rows = min(kBlockM, seq.seqlen_q - m0);
+        // GQA packed in the kernel (decode tile): G rows per query position (PackedRow).
+        const bool packed = Traits::kPackGQA && params.gqa_pack > 1;
+        const int group = packed ? params.gqa_pack : 1;
+        const int tile_rows = seq.seqlen_q * group;  // rows of this (batch, head) problem
+        if (m0 >= tile_rows) return;  // varlen: this sequence is shorter than the grid
+        const int valid_q_rows = min(kBlockM, tile_rows - m0);
         seqlen_k = seq.seqlen_k;
+        // Query position of tile row m0 + r (r may be past the valid rows).
+        auto position = [&](int packed_row) { return packed ? packed_row / group : packed_row; };
 
         // ---- Mask geometry. The host normalised the window once, with seqlen_k (varlen: the
         // max, KV cache: the capacity); each sequence applies it as is with its own lengths
@@ -352,8 +451,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         mask.window_left = params.window_size_left;
         mask.window_right = Causal ? 0 : params.window_size_right;
         // Keys some row of the tile can see: [key_begin(first row), key_end(last row)).
-        const int keys_begin = max(0, mask.key_begin(m0));
-        const int keys_end = mask.key_end(m0 + valid_q_rows - 1);
+        const int keys_begin = max(0, mask.key_begin(position(m0)));
+        const int keys_end = mask.key_end(position(m0 + valid_q_rows - 1));
         n_block_min = keys_begin / kBlockN;
         n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
         // Split-KV: this split's share of those blocks (possibly none).
@@ -366,8 +465,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Blocks inside every tile row's visible range need no mask: keys [n kBlockN,
         // (n+1) kBlockN) with (n+1) kBlockN <= key_end(first row), n kBlockN >= key_begin(last).
         if (tid == 0) {
-            cta.unmasked_keys_end = mask.key_end(m0);
-            cta.unmasked_keys_begin = mask.key_begin(m0 + kBlockM - 1);
+            cta.unmasked_keys_end = mask.key_end(position(m0));
+            cta.unmasked_keys_begin = mask.key_begin(position(m0 + kBlockM - 1));
             cta.key_range = KeyRange::make(mask);
             cta.diag = mask.diag;
         }
@@ -377,7 +476,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // partial O = 0, lse = -inf, which the combine weighs 0).
         if (n_block_max <= n_block_min) {
             if (Traits::kSplitKV && params.num_splits > 1) {
-                store_empty_partial<Traits>(params, split, batch, head, m0, valid_q_rows, tid);
+                store_empty_partial<Traits>(params, split, batch, head, m0, valid_q_rows, packed,
+                                            tid);
+                return;
+            }
+            if (packed) {
+                store_empty_packed<Element, Traits>(params, batch, head, m0, valid_q_rows, tid);
                 return;
             }
             const OutputTile<Element> out =
@@ -390,10 +494,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
 
         // ---- Q tile load (64-bit element offsets), K/V sources.
-        const Element* q_tile = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
-                                head * params.q_head_stride + m0 * params.q_row_stride;
-        QCopy::load_async(smem_q, q_tile, params.q_row_stride, valid_q_rows, params.d, tid);
-        const int kv_head = head / params.h_h_k_ratio;
+        const Element* q_seq = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset;
+        if (packed) {  // head = the KV head; rows gathered per (position, head)
+            QCopy::load_async_gather(
+                smem_q,
+                [&](int r) {
+                    const PackedRow pr = PackedRow::make(m0 + r, group, head);
+                    return q_seq + static_cast<int64_t>(pr.pos) * params.q_row_stride +
+                           static_cast<int64_t>(pr.head) * params.q_head_stride;
+                },
+                q_seq, valid_q_rows, params.d, tid);
+        } else {
+            const Element* q_tile = q_seq + head * params.q_head_stride + m0 * params.q_row_stride;
+            QCopy::load_async(smem_q, q_tile, params.q_row_stride, valid_q_rows, params.d, tid);
+        }
+        const int kv_head = packed ? head : head / params.h_h_k_ratio;
         kv.k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
                    kv_head * params.k_head_stride;
         kv.v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
@@ -490,7 +605,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         const bool block_needs_mask = (n_block + 1) * kBlockN > cta.unmasked_keys_end ||
                                       n_block * kBlockN < cta.unmasked_keys_begin;
-        if (block_needs_mask) apply_mask(acc_s, cta.key_range, frag_row0, frag_col0);
+        if (block_needs_mask) {
+            if (Traits::kPackGQA && params.gqa_pack > 1) {
+                // Packed rows: the mask follows each row's query position.
+                int pos[kMTiles][2];
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        pos[mt][half] = (frag_row0 + 16 * mt + 8 * half) / params.gqa_pack;
+                    }
+                }
+                apply_mask_positions(acc_s, cta.key_range, pos, frag_col0);
+            } else {
+                apply_mask(acc_s, cta.key_range, frag_row0, frag_col0);
+            }
+        }
 
         softmax.update(acc_s, acc_o, log2_scale);
         // (Dropout would be applied to acc_s here, after the row sums.)

@@ -190,6 +190,27 @@ struct TileCopy {
         });
     }
 
+    // The same with rows scattered anywhere: row_ptr(r) is the global address of tile row r
+    // (column 0), called only for rows r < valid_rows.
+    template <typename Element, typename RowPtr>
+    __device__ __forceinline__ static void store_scatter(RowPtr&& row_ptr, uint32_t smem_tile,
+                                                         int valid_rows, int valid_cols, int tid) {
+        const int row = thread_row(tid), col = thread_col(tid);
+        const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
+        static_for_each<kRowSteps>([&](auto r) {
+            if (row + r * kRowsPerStep < valid_rows) {
+                Element* gmem_row = row_ptr(row + r * kRowsPerStep) + col;
+                static_for_each<kAtoms>([&](auto a) {
+                    if (col + a * Tile::kAtomCols < valid_cols) {
+                        const uint4 chunk = ptx::ld_shared_16(
+                            Tile::template stepped<r * kRowsPerStep, a * Tile::kAtomCols>(smem_thread));
+                        *reinterpret_cast<uint4*>(gmem_row + a * Tile::kAtomCols) = chunk;
+                    }
+                });
+            }
+        });
+    }
+
     // Writes zeros to tile rows [0, valid_rows) and columns [0, valid_cols) of a global tile.
     template <typename Element>
     __device__ __forceinline__ static void store_zeros(Element* gmem_tile, int64_t row_stride,

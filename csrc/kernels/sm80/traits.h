@@ -33,6 +33,7 @@ struct FwdTraits {
     // tile (FwdDecodeTraits); the 128-row tile at d = 128 would spill registers with them.
     static constexpr bool kSplitKV = false;
     static constexpr bool kPagedKV = false;
+    static constexpr bool kPackGQA = false;  // params.gqa_pack (in-kernel GQA packing)
 
     static constexpr int kWarpRows = kBlockM / kNWarps;
     static constexpr int kMTiles = kWarpRows / 16;  // 16-row slices per warp
@@ -118,6 +119,7 @@ template <int HeadDim>
 struct FwdDecodeTraits : FwdTraits<HeadDim, 64, (HeadDim <= 64 ? 128 : 64), 4, 2> {
     static constexpr bool kSplitKV = true;
     static constexpr bool kPagedKV = true;
+    static constexpr bool kPackGQA = true;
 };
 template <int HeadDim>
 struct FwdDecodeConfig {
