@@ -10,6 +10,7 @@
 #include "checks.h"
 #include "flash_api.h"
 #include "op_prologue.h"
+#include "kernels/decode.h"
 #include "kernels/launch.h"
 #include "reference/reference.h"
 
@@ -418,8 +419,7 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         softcap, rng_state);
     const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    const bool kernel = fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax) &&
-                        !block_table.has_value();
+    const bool kernel = fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax);
     if (!kernel) {
         auto [out, lse, s_dmask] =
             reference::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
@@ -436,6 +436,12 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     params.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
     params.seqused_k = seqused_k.has_value() ? seqused_k->data_ptr<int>() : nullptr;
     params.unpadded_lse = true;
+    if (block_table.has_value()) {
+        // Paged KV: k/v (num_blocks, page, h_k, d); k/v batch strides are the block strides.
+        params.block_table = block_table->data_ptr<int>();
+        params.block_table_batch_stride = block_table->stride(0);
+        params.page_block_size = static_cast<int>(k.size(1));
+    }
     if (dims.total_q > 0 && max_seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {
@@ -598,16 +604,14 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     const at::Tensor& q_attn = appended.q;
     const OptTensor& seqlens = appended.seqlens;
 
-    // 2. Attention over the updated cache with q_attn, each sequence limited to its
-    // cache_seqlens + new tokens (seqused_k). The forward kernel reads a contiguous-layout cache
-    // in place; paged caches, cache_batch_idx, cache_leftpad and head dims that need padding
-    // take the exact reference, given what the append step produced (no new tokens, no rotary:
-    // nothing is appended or rotated twice). No split-KV kernel yet: num_splits is unused.
+    // 2. Attention over the updated cache with q_attn: the forward kernel reads the cache in
+    // place (contiguous rows, cache_batch_idx, cache_leftpad, or pages through block_table),
+    // each sequence limited to its cache_seqlens + new tokens (seqused_k), split over the keys
+    // when that fills the GPU better. Head dims that need padding take the exact reference,
+    // given what the append step produced (nothing is appended or rotated twice).
     const bool kernel = fwd_kernel_covers(q, dims.head_dim, 0.0, false) &&
-                        dims.head_dim % 8 == 0 && !block_table.has_value() &&
-                        !cache_batch_idx.has_value() && !cache_leftpad.has_value() &&
-                        aligned_for_kernels(q_attn) && aligned_for_kernels(k_cache) &&
-                        aligned_for_kernels(v_cache);
+                        dims.head_dim % 8 == 0 && aligned_for_kernels(q_attn) &&
+                        aligned_for_kernels(k_cache) && aligned_for_kernels(v_cache);
     if (!kernel) {
         return reference::kvcache(q_attn, k_cache, v_cache, std::nullopt, std::nullopt, seqlens,
                                   std::nullopt, std::nullopt, cache_batch_idx, cache_leftpad,
@@ -615,15 +619,41 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     }
     at::Tensor out = at::empty_like(q, q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));
+    if (dims.seqlen_q == 0) return {out, lse};
     FwdParams params;
     set_fwd_params(params, dims, q_attn, k_cache, v_cache, out, lse, call.opts);
     params.seqused_k = seqlens.has_value() ? seqlens->data_ptr<int>() : nullptr;
-    if (dims.seqlen_q > 0) {
-        const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-        dispatch_dtype(q.scalar_type(), [&](auto element) {
-            run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
-        });
+    params.cache_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
+    params.leftpad_k = cache_leftpad.has_value() ? cache_leftpad->data_ptr<int>() : nullptr;
+    if (block_table.has_value()) {
+        params.block_table = block_table->data_ptr<int>();
+        params.block_table_batch_stride = block_table->stride(0);
+        params.page_block_size = static_cast<int>(k_cache.size(1));
     }
+    // GQA packing (decode.h): the query heads of a KV head become the rows of one tile, by
+    // re-striding q/o (one query row, no left window) or in the kernel (up to 64 query rows).
+    // Not with ALiBi.
+    decode::plan_gqa_packing(params);
+    int num_sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
+    params.num_splits = decode::num_splits(static_cast<int>(num_splits), decode::num_tiles(params),
+                                           params.seqlen_k, decode::uses_decode_tile(params),
+                                           params.d_rounded, num_sms);
+    // Split-KV workspaces: sizes from shapes only (CUDA-graph capturable).
+    at::Tensor out_accum, lse_accum;
+    if (params.num_splits > 1) {
+        const auto f32 = q.options().dtype(at::kFloat);
+        out_accum = at::empty({params.num_splits, params.b, params.h, params.seqlen_q,
+                               params.d_rounded}, f32);
+        lse_accum = at::empty({params.num_splits, params.b, params.h, params.seqlen_q}, f32);
+        params.oaccum_ptr = out_accum.data_ptr();
+        params.softmax_lseaccum_ptr = lse_accum.data_ptr<float>();
+    }
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    dispatch_dtype(q.scalar_type(), [&](auto element) {
+        run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
+        if (params.num_splits > 1) run_combine_splits<decltype(element)>(params, stream);
+    });
     return {out, lse};
 }
 

@@ -1,7 +1,7 @@
-"""KV-cache attention on CUDA (flash_attn_with_kvcache): the cases the forward kernel serves
-(contiguous cache, new tokens appended in place) against the naive oracle, the cache contents
-after the append, and CUDA-graph capture/replay. Cases outside the kernel's coverage (paged,
-rotary, cache_batch_idx, leftpad) run the reference on CUDA and are covered by the same checks.
+"""KV-cache attention on CUDA (flash_attn_with_kvcache): contiguous caches with new tokens
+appended in place against the naive oracle, the cache contents after the append, and CUDA-graph
+capture/replay. Paged caches, cache_batch_idx, leftpad and split-KV: tests/test_paged_gpu.py.
+Rotary runs the reference on CUDA.
 """
 
 import random
@@ -50,7 +50,7 @@ CASES = [
     (17, 300, 1, 128, 4, 1, "softcap"),
     (3, 8192, 1, 128, 32, 8, "plain"),
     (2, 257, 5, 256, 8, 1, "alibi"),
-    (3, 120, 0, 80, 4, 2, "causal"),   # head dim 80: padded -> the reference path
+    (3, 120, 0, 80, 4, 2, "causal"),   # head dim 80: the d96 kernel
 ]
 
 

@@ -5,7 +5,8 @@
 //   o   = sum_i exp(lse_i - lse) * o_i            (0 for such rows)
 // Partial lse of a split that saw no key is -inf (its weight is 0).
 //
-// Layouts: oaccum fp32 (num_splits, b, h, seqlen_q, d) contiguous; lseaccum fp32
+// Layouts: oaccum fp32 (num_splits, b, h, seqlen_q, d_rounded) contiguous (rows d_rounded
+// floats apart, the first d used; the forward kernel writes d_rounded = its head dim); lseaccum fp32
 // (num_splits, b, h, seqlen_q); o (b, seqlen_q, h, d) with o_*_stride; lse (b, h, seqlen_q).
 // One warp per query row: lanes first reduce the split weights, then each lane writes
 // d / 32 output columns. Launched on the given stream; never synchronizes.
@@ -76,8 +77,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const int64_t bi = row / (h * sq), hi = (row / sq) % h, qi = row % sq;
     Element* out = reinterpret_cast<Element*>(params.o_ptr) + bi * params.o_batch_stride +
                    qi * params.o_row_stride + hi * params.o_head_stride;
-    const float* o_acc = reinterpret_cast<const float*>(params.oaccum_ptr) + row * d;
-    const int64_t split_stride = rows * d;
+    const int64_t row_stride = params.d_rounded;
+    const float* o_acc = reinterpret_cast<const float*>(params.oaccum_ptr) + row * row_stride;
+    const int64_t split_stride = rows * row_stride;
     for (int c = lane; c < d; c += 32) {
         float acc = 0.f;
         for (int s = 0; s < splits; ++s) acc += weights[warp][s] * o_acc[s * split_stride + c];

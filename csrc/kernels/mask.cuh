@@ -114,4 +114,29 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], cons
     }
 }
 
+// apply_mask with explicit query positions per fragment row: pos[mt][half] is the query row of
+// s[mt][*][2 half + c] (GQA-packed tiles, where tile rows are (position, head) pairs).
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_mask_positions(float (&s)[kMTiles][kNTiles][4],
+                                                     const KeyRange& range,
+                                                     const int (&pos)[kMTiles][2], int col0) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = pos[mt][half];
+            const int begin = row + range.begin_shift - col0;
+            const int end = min(range.seqlen_k, row + range.end_shift) - col0;
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int col = 8 * nt + c;
+                    if (col < begin || col >= end) s[mt][nt][2 * half + c] = -INFINITY;
+                }
+            }
+        }
+    }
+}
+
 }  // namespace flash_cuda

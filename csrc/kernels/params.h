@@ -119,6 +119,10 @@ struct FwdParams : public QKVParams {
     bool unpadded_lse;  // lse laid out (h, total_q) (varlen)
 
     int num_splits;  // split-KV count (1 = no split)
+    // GQA packing in the kernel (decode tile, fixed-length q; kernels/decode.h): > 1 = the
+    // gqa_pack = h / h_k query heads of a KV head share one CTA, tile row r being query position
+    // r / gqa_pack of head kv_head * gqa_pack + r % gqa_pack. 0 or 1: off.
+    int gqa_pack;
 
     // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.
     int tile_variant;

@@ -79,8 +79,14 @@ def normalize_mask(causal: bool, left: int, right: int, seqlen_k: int):
 
 def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0,
                      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                     max_seqlen_k=None, seqused_k=None, timeout=1800):
-    """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd."""
+                     max_seqlen_k=None, seqused_k=None, block_table=None, cache_batch_idx=None,
+                     cache_leftpad=None, num_splits=1, pack_gqa=False, timeout=1800):
+    """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd.
+
+    KV cache / decode extras (the kernel part of fwd_kvcache; no append): block_table (k, v
+    paged (num_blocks, page, hk, d); seqlen_k = block_table columns x page), cache_batch_idx,
+    cache_leftpad (int32 (b)), num_splits (0 = the host heuristic), pack_gqa (GQA packing where
+    kernels/decode.h allows it)."""
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
     if softmax_scale is None:
@@ -92,11 +98,13 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
         b = cu_seqlens_q.numel() - 1
         sq, sk = int(max_seqlen_q), int(max_seqlen_k)
         total_q, h = q.shape[0], q.shape[1]
-        hk = k.shape[1]
+        hk = k.shape[-2]  # (total_k, hk, d), or paged (num_blocks, page, hk, d)
     else:
         b, sq, h = q.shape[0], q.shape[1], q.shape[2]
         sk, hk = k.shape[1], k.shape[2]
         total_q = 0
+    if block_table is not None:
+        sk = block_table.shape[1] * k.shape[1] if not varlen else int(max_seqlen_k)
     causal, left, right = normalize_mask(causal, window[0], window[1], sk)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="flash_emu_"))
     try:
@@ -104,7 +112,7 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
             "dtype": "bf16" if q.dtype == torch.bfloat16 else "fp16", "hdim": hd, "b": b, "h": h,
             "hk": hk, "sq": sq, "sk": sk, "d": dp, "total_q": total_q, "scale": repr(float(softmax_scale)),
             "softcap": repr(float(softcap)), "window_left": left, "window_right": right,
-            "causal": int(causal),
+            "causal": int(causal), "num_splits": int(num_splits), "pack_gqa": int(pack_gqa),
         }
         for name, t in (("q", q), ("k", k), ("v", v)):
             offset, strides = _write_storage(tmp / f"{name}.bin", t)
@@ -124,6 +132,17 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
             cu_seqlens_k.int().numpy().tofile(tmp / "cu_seqlens_k.bin")
         if seqused_k is not None:
             seqused_k.int().numpy().tofile(tmp / "seqused_k.bin")
+        if block_table is not None:
+            block_table.int().contiguous().numpy().tofile(tmp / "block_table.bin")
+            params["bt_cols"], params["page"] = block_table.shape[1], k.shape[1]
+            if varlen:  # paged k/v are 4-d even with varlen q
+                for name, t in (("k", k), ("v", v)):
+                    params[f"{name}_batch_stride"] = t.stride(0)
+                    params[f"{name}_row_stride"], params[f"{name}_head_stride"] = t.stride(1), t.stride(2)
+        if cache_batch_idx is not None:
+            cache_batch_idx.int().numpy().tofile(tmp / "cache_batch_idx.bin")
+        if cache_leftpad is not None:
+            cache_leftpad.int().numpy().tofile(tmp / "leftpad.bin")
         (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))
         subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout)
         out_raw = torch.from_file(str(tmp / "o.bin"), size=(tmp / "o.bin").stat().st_size // 2,

@@ -3,8 +3,12 @@
 //   fwd_emulated CASE_DIR
 // CASE_DIR/params.txt: "key value" lines (see read_case); q.bin, k.bin, v.bin: raw 16-bit
 // storage of the inputs (strides in params.txt); optional alibi.bin (fp32), cu_seqlens_q.bin,
-// cu_seqlens_k.bin, seqused_k.bin (int32). Writes CASE_DIR/o.bin (contiguous, d_padded
-// columns) and lse.bin (fp32). Exit status 0 on success; an out-of-bounds access aborts.
+// cu_seqlens_k.bin, seqused_k.bin (int32); KV cache / decode: block_table.bin (int32 (b, bt_cols),
+// page size "page"), cache_batch_idx.bin, leftpad.bin (int32 (b)), "num_splits" (0 = the host
+// heuristic of kernels/decode.h, as flash_api.cpp), "pack_gqa" (1: GQA packing where
+// decode.h allows it, as the kvcache op). Split-KV partials are merged on the host with the
+// formula of kernels/combine.cu. Writes CASE_DIR/o.bin (contiguous, d_padded columns) and
+// lse.bin (fp32). Exit status 0 on success; an out-of-bounds access aborts.
 // Output buffers have guard zones filled with a sentinel, checked after the run.
 // Build with -DEMU_HEAD_DIM=<kernel head dim> (one head dim per binary keeps compiles short).
 #include <fstream>
@@ -12,6 +16,10 @@
 #include <sstream>
 #include <string>
 
+#include <cmath>
+#include <vector>
+
+#include "kernels/decode.h"
 #include "kernels/sm80/fwd.cuh"
 #include "host_io.h"
 
@@ -25,11 +33,15 @@ using flash_cuda::FwdParams;
 using namespace emu_host;
 
 
-template <typename Element, bool Causal>
-void run(FwdParams& params) {
-    using Traits = typename flash_cuda::sm80::FwdConfig<EMU_HEAD_DIM>::Traits;
-    const int num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    const dim3 grid(num_m_blocks, params.b, params.h);
+template <typename Element, typename Traits, bool Causal>
+void run_traits(FwdParams& params) {
+    // fwd_launch.cuh: the decode tile runs (KV) heads along x, splits x m blocks along z.
+    const bool packed = Traits::kPackGQA && params.gqa_pack > 1;
+    const int rows = params.seqlen_q * (packed ? params.gqa_pack : 1);
+    const int num_m_blocks = (rows + Traits::kBlockM - 1) / Traits::kBlockM;
+    const int heads = packed ? params.h / params.gqa_pack : params.h;
+    const dim3 grid = Traits::kSplitKV ? dim3(heads, params.b, num_m_blocks * params.num_splits)
+                                       : dim3(num_m_blocks, params.b, params.h);
     // Same variant choice as csrc/kernels/sm80/fwd_launch.cuh.
     const bool has_softcap = params.softcap > 0.f;
     const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
@@ -42,6 +54,56 @@ void run(FwdParams& params) {
     else if (has_softcap) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, false, true>);
     else if (has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, false>);
     else go(&mha_fwd_sm80_kernel<Element, Traits, Causal, false, false>);
+}
+
+// Tile choice of run_mha_fwd_sm80 (fwd_launch.cuh): the decode tile for short queries and paged
+// caches (the only one with split-KV and paged loads), else the head dim's tile.
+template <typename Element, bool Causal>
+void run(FwdParams& params) {
+    using namespace flash_cuda::sm80;
+    if (params.seqlen_q <= FwdDecodeConfig<EMU_HEAD_DIM>::kBlockM || params.block_table != nullptr ||
+        params.gqa_pack > 1) {
+        run_traits<Element, typename FwdDecodeConfig<EMU_HEAD_DIM>::Traits, Causal>(params);
+    } else {
+        if (params.num_splits > 1) {
+            std::fprintf(stderr, "split-KV needs the decode tile\n");
+            std::exit(2);
+        }
+        run_traits<Element, typename FwdConfig<EMU_HEAD_DIM>::Traits, Causal>(params);
+    }
+}
+
+// kernels/combine.cu on the host: o = sum_i exp(lse_i - lse) o_i, lse = logsumexp_i lse_i.
+template <typename Element>
+void combine(const FwdParams& p) {
+    const int64_t rows = static_cast<int64_t>(p.b) * p.h * p.seqlen_q;
+    const float* lse_acc = p.softmax_lseaccum_ptr;
+    const float* o_acc = static_cast<const float*>(p.oaccum_ptr);
+    for (int64_t row = 0; row < rows; ++row) {
+        float m = -INFINITY;
+        for (int s = 0; s < p.num_splits; ++s) m = std::max(m, lse_acc[s * rows + row]);
+        float sum = 0.f;
+        for (int s = 0; s < p.num_splits; ++s) {
+            const float l = lse_acc[s * rows + row];
+            sum += l == -INFINITY ? 0.f : std::exp(l - m);
+        }
+        const float lse = (m == -INFINITY || sum == 0.f) ? INFINITY : m + std::log(sum);
+        const int64_t sq = p.seqlen_q, h = p.h;
+        const int64_t bi = row / (h * sq), hi = (row / sq) % h, qi = row % sq;
+        Element* out = static_cast<Element*>(p.o_ptr) + bi * p.o_batch_stride + qi * p.o_row_stride +
+                       hi * p.o_head_stride;
+        for (int c = 0; c < p.d; ++c) {
+            float acc = 0.f;
+            for (int s = 0; s < p.num_splits; ++s) {
+                const float l = lse_acc[s * rows + row];
+                const float w = (lse == INFINITY || l == -INFINITY) ? 0.f : std::exp(l - lse);
+                acc += w * o_acc[(s * rows + row) * p.d_rounded + c];
+            }
+            const uint32_t packed = flash_cuda::ptx::pack_float2<Element>(acc, 0.f);
+            std::memcpy(&out[c], &packed, 2);
+        }
+        p.softmax_lse_ptr[row] = lse;
+    }
 }
 
 }  // namespace
@@ -69,6 +131,13 @@ int main(int argc, char** argv) {
     const bool varlen = cu_q.load(dir + "/cu_seqlens_q.bin");
     if (varlen) cu_k.load(dir + "/cu_seqlens_k.bin");
     const bool has_used = used_k.load(dir + "/seqused_k.bin");
+    Input block_table, batch_idx, leftpad;
+    const bool paged = block_table.load(dir + "/block_table.bin");
+    const bool has_batch_idx = batch_idx.load(dir + "/cache_batch_idx.bin");
+    const bool has_leftpad = leftpad.load(dir + "/leftpad.bin");
+    auto geti_or = [&](const char* k, long long dflt) {
+        return kv.count(k) ? std::stoll(kv.at(k)) : dflt;
+    };
 
     FwdParams p{};
     p.q_ptr = q.data + geti("q_offset") * 2;
@@ -109,6 +178,13 @@ int main(int argc, char** argv) {
     }
     if (has_used) p.seqused_k = reinterpret_cast<int*>(used_k.data);
     p.is_seqlens_k_cumulative = true;
+    if (paged) {
+        p.block_table = reinterpret_cast<int*>(block_table.data);
+        p.block_table_batch_stride = geti("bt_cols");
+        p.page_block_size = geti("page");
+    }
+    if (has_batch_idx) p.cache_batch_idx = reinterpret_cast<int*>(batch_idx.data);
+    if (has_leftpad) p.leftpad_k = reinterpret_cast<int*>(leftpad.data);
 
     // Output: contiguous (b, sq, h, d) or (total_q, h, d); lse (b, h, sq) or (h, total_q).
     const long long rows = varlen ? p.total_q : static_cast<long long>(p.b) * p.seqlen_q;
@@ -122,13 +198,36 @@ int main(int argc, char** argv) {
     p.o_batch_stride = varlen ? 0 : static_cast<int64_t>(p.seqlen_q) * p.h * p.d;
     p.softmax_lse_ptr = reinterpret_cast<float*>(lse.data());
 
+    // The kvcache op's host steps (flash_api.cpp): GQA packing, split count.
+    if (geti_or("pack_gqa", 0) != 0) flash_cuda::decode::plan_gqa_packing(p);
+    const bool decode_tile = flash_cuda::decode::uses_decode_tile(p);
+    p.num_splits = flash_cuda::decode::num_splits(static_cast<int>(geti_or("num_splits", 1)),
+                                                  flash_cuda::decode::num_tiles(p), p.seqlen_k,
+                                                  decode_tile, p.d_rounded,
+                                                  static_cast<int>(geti_or("num_sms", 132)));
+    const size_t partial_rows =
+        static_cast<size_t>(p.num_splits) * p.b * p.h * std::max(p.seqlen_q, 0);
+    GuardedBuffer o_acc(partial_rows * p.d_rounded * 4, 0xFF), lse_acc(partial_rows * 4, 0xFF);
+    if (p.num_splits > 1) {
+        p.oaccum_ptr = o_acc.data();
+        p.softmax_lseaccum_ptr = reinterpret_cast<float*>(lse_acc.data());
+    }
+    std::printf("emulator: seqlen_q %d h %d gqa_pack %d num_splits %d decode_tile %d\n",
+                p.seqlen_q, p.h, p.gqa_pack, p.num_splits, static_cast<int>(decode_tile));
+
     if (p.seqlen_q > 0 && p.b > 0) {
         const bool causal = p.is_causal;
         if (p.is_bf16) {
             causal ? run<__nv_bfloat16, true>(p) : run<__nv_bfloat16, false>(p);
+            if (p.num_splits > 1) combine<__nv_bfloat16>(p);
         } else {
             causal ? run<__half, true>(p) : run<__half, false>(p);
+            if (p.num_splits > 1) combine<__half>(p);
         }
+    }
+    if (!o_acc.guards_intact() || !lse_acc.guards_intact()) {
+        std::fprintf(stderr, "emulation error: write outside oaccum / lseaccum\n");
+        return 3;
     }
     if (!o.guards_intact() || !lse.guards_intact()) {
         std::fprintf(stderr, "emulation error: write outside o / lse\n");

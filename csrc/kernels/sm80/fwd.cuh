@@ -38,15 +38,17 @@
 namespace flash_cuda {
 namespace sm80 {
 
-// Where one batch entry's rows start and how many there are (fixed length or varlen).
+// Where one batch entry's rows start and how many there are (fixed length or varlen; KV cache
+// with cache_batch_idx / cache_leftpad; paged KV).
 struct SequenceInfo {
     int64_t q_offset;   // element offset of row 0 of q (o uses the same rows)
     int64_t o_offset;
-    int64_t k_offset;   // element offset of row 0 of k / v (head 0)
+    int64_t k_offset;   // element offset of row 0 of k / v (head 0); 0 when paged
     int64_t v_offset;
     int q_start;        // varlen: first packed row of the sequence (lse index), else 0
     int seqlen_q;
     int seqlen_k;
+    int k_pos0;         // paged: cache position of key 0 (cache_leftpad), else 0
 
     __device__ __forceinline__ static SequenceInfo make(const FwdParams& params, int batch) {
         SequenceInfo info;
@@ -68,25 +70,172 @@ struct SequenceInfo {
             info.k_offset = static_cast<int64_t>(start) * params.k_row_stride;
             info.v_offset = static_cast<int64_t>(start) * params.v_row_stride;
         } else {
+            // KV cache: batch entry i reads cache sequence cache_batch_idx[i].
+            const int cache_row =
+                params.cache_batch_idx != nullptr ? params.cache_batch_idx[batch] : batch;
             info.seqlen_k = params.seqlen_k;
-            info.k_offset = static_cast<int64_t>(batch) * params.k_batch_stride;
-            info.v_offset = static_cast<int64_t>(batch) * params.v_batch_stride;
+            info.k_offset = static_cast<int64_t>(cache_row) * params.k_batch_stride;
+            info.v_offset = static_cast<int64_t>(cache_row) * params.v_batch_stride;
         }
         if (params.seqused_k != nullptr) info.seqlen_k = params.seqused_k[batch];
+        // Paged: key positions go through the block table (k/v batch strides are the physical
+        // block strides), so the sequence starts at block-table position 0.
+        if (params.block_table != nullptr) info.k_offset = info.v_offset = 0;
+        info.k_pos0 = 0;
+        // KV cache with left padding: keys [leftpad, seqused_k) of the cache row.
+        if (params.leftpad_k != nullptr) {
+            const int leftpad = params.leftpad_k[batch];
+            info.seqlen_k -= leftpad;
+            if (params.block_table != nullptr) {
+                info.k_pos0 = leftpad;
+            } else {
+                info.k_offset += static_cast<int64_t>(leftpad) * params.k_row_stride;
+                info.v_offset += static_cast<int64_t>(leftpad) * params.v_row_stride;
+            }
+        }
         return info;
     }
 };
 
+// Where this CTA's keys and values come from: key 0 of this sequence and KV head in k / v (paged:
+// block-table position 0 of this KV head), and for a paged cache the cache position of key 0.
+struct KVSource {
+    const void* k_seq;
+    const void* v_seq;
+    int pos0;
+};
+
 // Values shared by the CTA and needed only now and then in the main loop (see the kernel).
 struct CtaScalars {
-    const void* k_seq;        // key 0 of this sequence and KV head in k / v
-    const void* v_seq;
+    KVSource kv;
     int unmasked_keys_begin;  // key blocks inside [begin, end) for every row need no mask
     int unmasked_keys_end;
     int diag;                 // seqlen_k - seqlen_q
     KeyRange key_range;       // visible keys per query row
     float alibi_slope;        // this (batch, head)'s ALiBi slope (ALiBi kernels only)
 };
+
+// Grid. 128-row tile: (m blocks, b, h). Decode tile (Traits::kSplitKV): (h, b, splits x m
+// blocks), heads fastest, so the CTAs of the query heads that share a KV head (unpacked GQA:
+// several query rows, ALiBi, left windows) run side by side and read each K/V tile from L2
+// rather than from DRAM once per head. The last dimension is split-major:
+// blockIdx.z = split * (m blocks) + m-block index.
+// Split-KV (params.num_splits > 1): split s of a tile handles the s-th of num_splits equal
+// contiguous ranges of the key blocks the tile can see, and writes fp32 partial results:
+//   oaccum   (num_splits, b, h, seqlen_q, d_rounded)   O of the split, normalised by its own sum
+//   lseaccum (num_splits, b, h, seqlen_q)             lse of the split; -inf: saw no key
+// (combine.cu merges them). Fixed-length q only (lse layout (b, h, seqlen_q)).
+struct BlockCoords {
+    int m_index;  // m block, in launch order
+    int num_m_blocks;
+    int split;
+    int head;
+};
+template <typename Traits>
+__device__ __forceinline__ BlockCoords block_coords(const FwdParams& params) {
+    BlockCoords c;
+    if constexpr (Traits::kSplitKV) {
+        c.head = blockIdx.x;
+        c.num_m_blocks = gridDim.z / params.num_splits;
+        c.split = params.num_splits > 1 ? static_cast<int>(blockIdx.z) / c.num_m_blocks : 0;
+        c.m_index = blockIdx.z - c.split * c.num_m_blocks;
+    } else {
+        c.head = blockIdx.z;
+        c.num_m_blocks = gridDim.x;
+        c.split = 0;
+        c.m_index = blockIdx.x;
+    }
+    return c;
+}
+
+__device__ __forceinline__ int64_t partial_row(const FwdParams& params, int split, int batch,
+                                               int head, int row) {
+    return ((static_cast<int64_t>(split) * params.b + batch) * params.h + head) *
+               params.seqlen_q + row;
+}
+
+// GQA packing in the kernel (params.gqa_pack = G > 1, decode tile only): tile row r (m0 + r in
+// the CTA's packed rows) is query position (m0 + r) / G of head kv_head * G + (m0 + r) % G.
+struct PackedRow {
+    int pos;
+    int head;
+    __device__ __forceinline__ static PackedRow make(int packed_row, int group, int kv_head) {
+        PackedRow p;
+        p.pos = packed_row / group;
+        p.head = kv_head * group + (packed_row - p.pos * group);
+        return p;
+    }
+};
+
+// Empty split (or a tile that sees no key): zero partial O, lse -inf for tile rows [0, rows).
+// packed: rows are PackedRow pairs of KV head `head`.
+template <typename Traits>
+__device__ __forceinline__ void store_empty_partial(const FwdParams& params, int split, int batch,
+                                                    int head, int m0, int rows, bool packed,
+                                                    int tid) {
+    for (int row = tid; row < rows; row += Traits::kNThreads) {
+        int64_t index;
+        if (packed) {
+            const PackedRow pr = PackedRow::make(m0 + row, params.gqa_pack, head);
+            index = partial_row(params, split, batch, pr.head, pr.pos);
+        } else {
+            index = partial_row(params, split, batch, head, m0 + row);
+        }
+        params.softmax_lseaccum_ptr[index] = -INFINITY;
+        float* o = reinterpret_cast<float*>(params.oaccum_ptr) + index * params.d_rounded;
+        for (int c = 0; c < params.d_rounded; ++c) o[c] = 0.f;
+    }
+}
+
+// Packed tile that sees no key (not split): out = 0, lse = +inf for tile rows [0, rows).
+template <typename Element, typename Traits>
+__device__ __forceinline__ void store_empty_packed(const FwdParams& params, int batch, int kv_head,
+                                                   int m0, int rows, int tid) {
+    for (int row = tid; row < rows; row += Traits::kNThreads) {
+        const PackedRow pr = PackedRow::make(m0 + row, params.gqa_pack, kv_head);
+        Element* o = reinterpret_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride +
+                     pr.pos * params.o_row_stride + pr.head * params.o_head_stride;
+        for (int c = 0; c < params.d; c += 8) {
+            *reinterpret_cast<uint4*>(o + c) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        params.softmax_lse_ptr[(static_cast<int64_t>(batch) * params.h + pr.head) *
+                                   params.seqlen_q + pr.pos] = INFINITY;
+    }
+}
+
+// K / V tile of key block n_block (keys [n_block kBlockN, ...) of the sequence, valid_rows of
+// them real) into shared memory, contiguous rows or through the block table of a paged cache.
+template <typename Element, typename Traits>
+__device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t smem_tile,
+                                             const Element* seq, int pos0, int64_t page_stride,
+                                             int64_t row_stride, int n_block, int valid_rows,
+                                             int tid) {
+    using KVCopy = typename Traits::KVCopy;
+    // A kernel parameter (uniform, constant bank) decides, not a per-CTA value.
+    // Paged caches only in the decode tile's kernels (Traits::kPagedKV; the host sends every
+    // paged call there): next to the 128-row tile's main loop at d = 128 the gather path costs
+    // a few spilled registers.
+    if (!Traits::kPagedKV || params.block_table == nullptr) {
+        KVCopy::load_async(smem_tile,
+                           seq + static_cast<int64_t>(n_block) * Traits::kBlockN * row_stride,
+                           row_stride, valid_rows, params.d, tid);
+    } else {
+        // This sequence's block-table row (batch = blockIdx.y).
+        const int* block_table =
+            params.block_table + static_cast<int64_t>(blockIdx.y) * params.block_table_batch_stride;
+        const int first = pos0 + n_block * Traits::kBlockN;
+        const int page_size = params.page_block_size;
+        KVCopy::load_async_gather(
+            smem_tile,
+            [&](int r) {
+                const int pos = first + r;
+                const int page = pos / page_size;
+                return seq + static_cast<int64_t>(block_table[page]) * page_stride +
+                       static_cast<int64_t>(pos - page * page_size) * row_stride;
+            },
+            seq, valid_rows, params.d, tid);
+    }
+}
 
 // Where this CTA writes: its O tile (row m0 of the sequence, this head) and lse entries.
 template <typename Element>
@@ -128,6 +277,91 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
 
     float lse[kMTiles][2];
     softmax.finalize(acc_o, lse, log2_scale);
+    if (Traits::kPackGQA && params.gqa_pack > 1) {
+        // GQA-packed tile (head = the KV head): each row to its own (position, head).
+        const int group = params.gqa_pack;
+        const int valid_rows = min(Traits::kBlockM, params.seqlen_q * group - m0);
+        const bool split_kv = params.num_splits > 1;
+        const int split = block_coords<Traits>(params).split;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_row0 + 16 * mt + 8 * half + lane / 4;  // in the tile
+                if (row < valid_rows) {
+                    const PackedRow pr = PackedRow::make(m0 + row, group, head);
+                    const float l = lse[mt][half];
+                    if (split_kv) {
+                        const int64_t index = partial_row(params, split, batch, pr.head, pr.pos);
+                        if (lane % 4 == 0) {
+                            params.softmax_lseaccum_ptr[index] = l == INFINITY ? -INFINITY : l;
+                        }
+                        float* o_row = reinterpret_cast<float*>(params.oaccum_ptr) +
+                                       index * params.d_rounded + 2 * (lane % 4);
+#pragma unroll
+                        for (int dt = 0; dt < Traits::kDTiles; ++dt) {
+                            *reinterpret_cast<float2*>(o_row + 8 * dt) = make_float2(
+                                acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
+                        }
+                    } else if (lane % 4 == 0) {
+                        params.softmax_lse_ptr[(static_cast<int64_t>(batch) * params.h + pr.head) *
+                                                   params.seqlen_q + pr.pos] = l;
+                    }
+                }
+            }
+        }
+        if (split_kv) return;
+        const uint32_t o_thread =
+            smem_q + Traits::QTile::byte_offset(warp_row0 + lane / 4, 2 * (lane % 4));
+        static_for_each<kMTiles>([&](auto mt) {
+            static_for_each<2>([&](auto half) {
+                static_for_each<Traits::kDTiles>([&](auto dt) {
+                    ptx::st_shared_4(
+                        Traits::QTile::template stepped<16 * mt + 8 * half, 8 * dt>(o_thread),
+                        ptx::pack_float2<Element>(acc_o[mt][dt][2 * half],
+                                                  acc_o[mt][dt][2 * half + 1]));
+                });
+            });
+        });
+        __syncthreads();
+        Element* o_batch = reinterpret_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride;
+        Traits::QCopy::template store_scatter<Element>(
+            [&](int r) {
+                const PackedRow pr = PackedRow::make(m0 + r, group, head);
+                return o_batch + pr.pos * params.o_row_stride + pr.head * params.o_head_stride;
+            },
+            smem_q, valid_rows, params.d, tid);
+        return;
+    }
+    // (Only the decode tile's kernels carry this code: in the 128-row tile at d = 128 it costs
+    // the main loop a few spilled registers.)
+    if (Traits::kSplitKV && params.num_splits > 1) {
+        // Split-KV partial result: fp32 O straight from the accumulators (each quad writes
+        // 32 contiguous bytes per 8 columns), lse -inf where this split saw no key.
+        const int split = block_coords<Traits>(params).split;
+        const int64_t first = partial_row(params, split, batch, head, m0);
+        float* o_part = reinterpret_cast<float*>(params.oaccum_ptr);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_row0 + 16 * mt + 8 * half + lane / 4;  // in the tile
+                if (row < out.valid_rows) {
+                    const float l = lse[mt][half];
+                    if (lane % 4 == 0) {
+                        params.softmax_lseaccum_ptr[first + row] = l == INFINITY ? -INFINITY : l;
+                    }
+                    float* o_row = o_part + (first + row) * params.d_rounded + 2 * (lane % 4);
+#pragma unroll
+                    for (int dt = 0; dt < Traits::kDTiles; ++dt) {
+                        *reinterpret_cast<float2*>(o_row + 8 * dt) =
+                            make_float2(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
+                    }
+                }
+            }
+        }
+        return;
+    }
     if (lane % 4 == 0) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
@@ -180,10 +414,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
+    // Grid coordinates (block_coords: the decode tile orders heads first and has the splits).
+    const BlockCoords coords = block_coords<Traits>(params);
+    const int split = coords.split;
     // Causal: the last query blocks have the most keys; start them first.
-    const int m_block = Causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int m_block = Causal ? coords.num_m_blocks - 1 - coords.m_index : coords.m_index;
     const int batch = blockIdx.y;
-    const int head = blockIdx.z;
+    const int head = coords.head;
     const int m0 = m_block * kBlockM;  // first query row of this CTA
 
     int n_block_min, n_block_max;      // key blocks some row of the tile can see
@@ -193,14 +430,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Written by thread 0, visible to all after the first barrier of the main loop.
     static_assert(sizeof(CtaScalars) <= Traits::kSmemScalarsBytes, "scalars area too small");
     CtaScalars& cta = *reinterpret_cast<CtaScalars*>(smem + Traits::kSmemScalarsOffset);
-    const Element* k_seq;              // key 0 of this sequence and KV head (prologue only)
-    const Element* v_seq;
+    KVSource kv;                       // prologue copy of cta.kv
     int seqlen_k;
     {
         const SequenceInfo seq = SequenceInfo::make(params, batch);
-        if (m0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than the grid
-        const int valid_q_rows = min(kBlockM, seq.seqlen_q - m0);
+        // GQA packed in the kernel (decode tile): G rows per query position (PackedRow).
+        const bool packed = Traits::kPackGQA && params.gqa_pack > 1;
+        const int group = packed ? params.gqa_pack : 1;
+        const int tile_rows = seq.seqlen_q * group;  // rows of this (batch, head) problem
+        if (m0 >= tile_rows) return;  // varlen: this sequence is shorter than the grid
+        const int valid_q_rows = min(kBlockM, tile_rows - m0);
         seqlen_k = seq.seqlen_k;
+        // Query position of tile row m0 + r (r may be past the valid rows).
+        auto position = [&](int packed_row) { return packed ? packed_row / group : packed_row; };
 
         // ---- Mask geometry. The host normalised the window once, with seqlen_k (varlen: the
         // max, KV cache: the capacity); each sequence applies it as is with its own lengths
@@ -211,22 +453,39 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         mask.window_left = params.window_size_left;
         mask.window_right = Causal ? 0 : params.window_size_right;
         // Keys some row of the tile can see: [key_begin(first row), key_end(last row)).
-        const int keys_begin = max(0, mask.key_begin(m0));
-        const int keys_end = mask.key_end(m0 + valid_q_rows - 1);
+        const int keys_begin = max(0, mask.key_begin(position(m0)));
+        const int keys_end = mask.key_end(position(m0 + valid_q_rows - 1));
         n_block_min = keys_begin / kBlockN;
         n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
+        // Split-KV: this split's share of those blocks (possibly none).
+        if (Traits::kSplitKV && params.num_splits > 1 && n_block_max > n_block_min) {
+            const int per_split =
+                (n_block_max - n_block_min + params.num_splits - 1) / params.num_splits;
+            n_block_min += split * per_split;
+            n_block_max = min(n_block_max, n_block_min + per_split);
+        }
         // Blocks inside every tile row's visible range need no mask: keys [n kBlockN,
         // (n+1) kBlockN) with (n+1) kBlockN <= key_end(first row), n kBlockN >= key_begin(last).
         if (tid == 0) {
-            cta.unmasked_keys_end = mask.key_end(m0);
-            cta.unmasked_keys_begin = mask.key_begin(m0 + kBlockM - 1);
+            cta.unmasked_keys_end = mask.key_end(position(m0));
+            cta.unmasked_keys_begin = mask.key_begin(position(m0 + kBlockM - 1));
             cta.key_range = KeyRange::make(mask);
             cta.diag = mask.diag;
         }
 
         // ---- No visible key for any row of the tile (seqlen_k = 0, causal with seqlen_q >
-        // seqlen_k, windows past the end): out = 0, lse = +inf.
+        // seqlen_k, windows past the end) or an empty split: out = 0, lse = +inf (split: the
+        // partial O = 0, lse = -inf, which the combine weighs 0).
         if (n_block_max <= n_block_min) {
+            if (Traits::kSplitKV && params.num_splits > 1) {
+                store_empty_partial<Traits>(params, split, batch, head, m0, valid_q_rows, packed,
+                                            tid);
+                return;
+            }
+            if (packed) {
+                store_empty_packed<Element, Traits>(params, batch, head, m0, valid_q_rows, tid);
+                return;
+            }
             const OutputTile<Element> out =
                 OutputTile<Element>::make(params, seq, batch, head, m0, kBlockM);
             QCopy::store_zeros(out.o, params.o_row_stride, out.valid_rows, params.d, tid);
@@ -236,19 +495,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             return;
         }
 
-        // ---- Q tile load (64-bit element offsets), K/V sequence pointers.
-        const Element* q_tile = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
-                                head * params.q_head_stride + m0 * params.q_row_stride;
-        QCopy::load_async(smem_q, q_tile, params.q_row_stride, valid_q_rows, params.d, tid);
-        const int kv_head = head / params.h_h_k_ratio;
-        k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
-                kv_head * params.k_head_stride;
-        v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
-                kv_head * params.v_head_stride;
-        if (tid == 0) {
-            cta.k_seq = k_seq;
-            cta.v_seq = v_seq;
+        // ---- Q tile load (64-bit element offsets), K/V sources.
+        const Element* q_seq = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset;
+        if (packed) {  // head = the KV head; rows gathered per (position, head)
+            QCopy::load_async_gather(
+                smem_q,
+                [&](int r) {
+                    const PackedRow pr = PackedRow::make(m0 + r, group, head);
+                    return q_seq + static_cast<int64_t>(pr.pos) * params.q_row_stride +
+                           static_cast<int64_t>(pr.head) * params.q_head_stride;
+                },
+                q_seq, valid_q_rows, params.d, tid);
+        } else {
+            const Element* q_tile = q_seq + head * params.q_head_stride + m0 * params.q_row_stride;
+            QCopy::load_async(smem_q, q_tile, params.q_row_stride, valid_q_rows, params.d, tid);
         }
+        const int kv_head = packed ? head : head / params.h_h_k_ratio;
+        kv.k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
+                   kv_head * params.k_head_stride;
+        kv.v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
+                   kv_head * params.v_head_stride;
+        kv.pos0 = seq.k_pos0;
+        if (tid == 0) cta.kv = kv;
     }
 
     // ---- Score units: final score = s * score_scale (+ ALiBi); softmax exponent factor.
@@ -267,29 +535,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const int n_iters = n_block_max - n_block_min;
     // K / V tiles of iteration `it` (key block n_block_max - 1 - it) into buffer it % kStages.
-    // k_base / v_base: key 0 of the sequence (k_seq / v_seq, or their copies in `cta`).
-    auto load_k = [&](int it, const Element* k_base) {
+    // src: the K/V source (`kv` in the prologue, its shared copy `cta.kv` in the loop).
+    auto load_k = [&](int it, const KVSource& src) {
         const int n_block = n_block_max - 1 - it;
-        KVCopy::load_async(
-            smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
-            k_base + static_cast<int64_t>(n_block) * kBlockN * params.k_row_stride,
-            params.k_row_stride, seqlen_k - n_block * kBlockN, params.d, tid);
+        load_kv_tile<Element, Traits>(params, smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
+                                      static_cast<const Element*>(src.k_seq), src.pos0,
+                                      params.k_batch_stride, params.k_row_stride, n_block,
+                                      seqlen_k - n_block * kBlockN, tid);
     };
-    auto load_v = [&](int it, const Element* v_base) {
+    auto load_v = [&](int it, const KVSource& src) {
         const int n_block = n_block_max - 1 - it;
-        KVCopy::load_async(
-            smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
-            v_base + static_cast<int64_t>(n_block) * kBlockN * params.v_row_stride,
-            params.v_row_stride, seqlen_k - n_block * kBlockN, params.d, tid);
+        load_kv_tile<Element, Traits>(params, smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
+                                      static_cast<const Element*>(src.v_seq), src.pos0,
+                                      params.v_batch_stride, params.v_row_stride, n_block,
+                                      seqlen_k - n_block * kBlockN, tid);
     };
 
     // ---- Prologue: Q (issued above) with K of the first block, then (double buffering) V0, K1.
-    load_k(0, k_seq);
+    load_k(0, kv);
     ptx::cp_async_commit();
     if constexpr (kStages == 2) {
-        load_v(0, v_seq);
+        load_v(0, kv);
         ptx::cp_async_commit();
-        if (n_iters > 1) load_k(1, k_seq);
+        if (n_iters > 1) load_k(1, kv);
         ptx::cp_async_commit();
     }
 
@@ -314,7 +582,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx::cp_async_wait<kGroupsInFlight>();
         __syncthreads();
         if (it + kStages - 1 < n_iters) {
-            load_v(it + kStages - 1, static_cast<const Element*>(cta.v_seq));
+            load_v(it + kStages - 1, cta.kv);
         }
         ptx::cp_async_commit();
 
@@ -340,7 +608,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         const bool block_needs_mask = (n_block + 1) * kBlockN > cta.unmasked_keys_end ||
                                       n_block * kBlockN < cta.unmasked_keys_begin;
-        if (block_needs_mask) apply_mask(acc_s, cta.key_range, frag_row0, frag_col0);
+        if (block_needs_mask) {
+            if (Traits::kPackGQA && params.gqa_pack > 1) {
+                // Packed rows: the mask follows each row's query position.
+                int pos[kMTiles][2];
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        pos[mt][half] = (frag_row0 + 16 * mt + 8 * half) / params.gqa_pack;
+                    }
+                }
+                apply_mask_positions(acc_s, cta.key_range, pos, frag_col0);
+            } else {
+                apply_mask(acc_s, cta.key_range, frag_row0, frag_col0);
+            }
+        }
 
         softmax.update(acc_s, acc_o, log2_scale);
         // (Dropout would be applied to acc_s here, after the row sums.)
@@ -350,7 +633,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // V of this block has landed; every warp is done reading this block's K buffer.
         ptx::cp_async_wait<kGroupsInFlight>();
         __syncthreads();
-        if (it + kStages < n_iters) load_k(it + kStages, static_cast<const Element*>(cta.k_seq));
+        if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
         ptx::cp_async_commit();
 
         warp_gemm_p_rowsum<Element, Traits>(softmax.row_sum, p_frag);

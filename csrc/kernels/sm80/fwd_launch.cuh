@@ -33,6 +33,7 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
                                  "and 65535 heads, got b=" + std::to_string(params.b) +
                                  ", h=" + std::to_string(params.h));
     }
+    if (params.num_splits < 1) params.num_splits = 1;
     const bool has_softcap = params.softcap > 0.f;
     // The exponent factor of the plain path is scale * log2(e); when it is not positive the
     // ALiBi path (natural-log scores, slope 0 without slopes) keeps the softmax well defined.
@@ -47,9 +48,27 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
                 &sm80::mha_fwd_sm80_kernel<Element, KernelTraits, Causal, kHasAlibi, kHasSoftcap>;
             constexpr int kSmemBytes = KernelTraits::kSmemBytes;
             reserve_dynamic_smem(kernel, kSmemBytes, "forward kernel");
+            if ((!KernelTraits::kSplitKV && params.num_splits > 1) ||
+                (!KernelTraits::kPagedKV && params.block_table != nullptr) ||
+                (!KernelTraits::kPackGQA && params.gqa_pack > 1)) {
+                throw std::runtime_error("flash_cuda: split-KV / paged KV need the decode tile");
+            }
+            // In-kernel GQA packing (decode tile): one CTA column per KV head, g rows per query.
+            const bool packed = KernelTraits::kPackGQA && params.gqa_pack > 1;
+            const int64_t rows = static_cast<int64_t>(params.seqlen_q) * (packed ? params.gqa_pack : 1);
             const int num_m_blocks =
-                (params.seqlen_q + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM;
-            const dim3 grid(num_m_blocks, params.b, params.h);
+                static_cast<int>((rows + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM);
+            const int grid_heads = packed ? params.h / params.gqa_pack : params.h;
+            // fwd.cuh block_coords: the decode tile runs heads along x and splits x m blocks
+            // along z (split-major), the 128-row tile m blocks along x and heads along z.
+            const int64_t m_split_blocks = static_cast<int64_t>(num_m_blocks) * params.num_splits;
+            if (KernelTraits::kSplitKV && m_split_blocks > 65535) {
+                throw std::runtime_error("flash_cuda: decode tile supports at most 65535 query "
+                                         "blocks x splits, got " + std::to_string(m_split_blocks));
+            }
+            const dim3 grid = KernelTraits::kSplitKV
+                                  ? dim3(grid_heads, params.b, static_cast<unsigned>(m_split_blocks))
+                                  : dim3(num_m_blocks, params.b, params.h);
             kernel<<<grid, KernelTraits::kNThreads, kSmemBytes, stream>>>(params);
             FLASH_CUDA_CHECK_LAUNCH();
         });
@@ -77,11 +96,20 @@ bool launch_tile_variant(FwdParams& params, cudaStream_t stream) {
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
 #ifdef FLASH_CUDA_FWD_TUNING
-    if (params.tile_variant != 0 &&
+    if (params.tile_variant != 0 && params.num_splits <= 1 && params.block_table == nullptr &&
+        params.gqa_pack <= 1 &&
         sm80::launch_tile_variant<Element, HeadDim, Causal>(params, stream)) {
         return;
     }
 #endif
+    // Decode and short queries (at most one 64-row tile per sequence) and paged KV: the decode
+    // tile (traits.h: FwdDecodeConfig), also for the ALiBi / softcap variants.
+    if (params.seqlen_q <= sm80::FwdDecodeConfig<HeadDim>::kBlockM || params.block_table != nullptr ||
+        params.gqa_pack > 1) {
+        using Decode = typename sm80::FwdDecodeConfig<HeadDim>::Traits;
+        sm80::launch_fwd<Element, Decode, Decode, Decode, Causal>(params, stream);
+        return;
+    }
     using Config = sm80::FwdConfig<HeadDim>;
     sm80::launch_fwd<Element, typename Config::Traits, sm80::bias_traits_t<Config>,
                      sm80::alibi_softcap_traits_t<Config>, Causal>(params, stream);

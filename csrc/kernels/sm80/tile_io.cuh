@@ -143,6 +143,29 @@ struct TileCopy {
                                valid_rows, valid_cols, tid);
     }
 
+    // The same with rows gathered from anywhere (paged KV cache): row_ptr(r) returns the global
+    // address of tile row r (column 0), called only for rows r < valid_rows, once per row step.
+    template <typename Element, typename RowPtr>
+    __device__ __forceinline__ static void load_async_gather(uint32_t smem_tile, RowPtr&& row_ptr,
+                                                             const Element* any_valid,
+                                                             int valid_rows, int valid_cols,
+                                                             int tid) {
+        const int row = thread_row(tid), col = thread_col(tid);
+        const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
+        static_for_each<kRowSteps>([&](auto r) {
+            const int tile_row = row + r * kRowsPerStep;
+            const bool row_ok = tile_row < valid_rows;
+            const Element* gmem_row = row_ok ? row_ptr(tile_row) + col : any_valid;
+            static_for_each<kAtoms>([&](auto a) {
+                const bool in_bounds = row_ok && col + a * Tile::kAtomCols < valid_cols;
+                const Element* src = in_bounds ? gmem_row + a * Tile::kAtomCols : any_valid;
+                ptx::cp_async_16(
+                    Tile::template stepped<r * kRowsPerStep, a * Tile::kAtomCols>(smem_thread),
+                    src, in_bounds);
+            });
+        });
+    }
+
     // Shared -> global copy of tile rows [0, valid_rows) and columns [0, valid_cols); nothing
     // else is written. The caller synchronizes so the tile is complete.
     template <typename Element>
@@ -156,6 +179,27 @@ struct TileCopy {
         static_for_each<kRowSteps>([&](auto r) {
             if (row + r * kRowsPerStep < valid_rows) {
                 Element* gmem_row = gmem_thread + r * step_stride;
+                static_for_each<kAtoms>([&](auto a) {
+                    if (col + a * Tile::kAtomCols < valid_cols) {
+                        const uint4 chunk = ptx::ld_shared_16(
+                            Tile::template stepped<r * kRowsPerStep, a * Tile::kAtomCols>(smem_thread));
+                        *reinterpret_cast<uint4*>(gmem_row + a * Tile::kAtomCols) = chunk;
+                    }
+                });
+            }
+        });
+    }
+
+    // The same with rows scattered anywhere: row_ptr(r) is the global address of tile row r
+    // (column 0), called only for rows r < valid_rows.
+    template <typename Element, typename RowPtr>
+    __device__ __forceinline__ static void store_scatter(RowPtr&& row_ptr, uint32_t smem_tile,
+                                                         int valid_rows, int valid_cols, int tid) {
+        const int row = thread_row(tid), col = thread_col(tid);
+        const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
+        static_for_each<kRowSteps>([&](auto r) {
+            if (row + r * kRowsPerStep < valid_rows) {
+                Element* gmem_row = row_ptr(row + r * kRowsPerStep) + col;
                 static_for_each<kAtoms>([&](auto a) {
                     if (col + a * Tile::kAtomCols < valid_cols) {
                         const uint4 chunk = ptx::ld_shared_16(

@@ -29,6 +29,11 @@ struct FwdTraits {
     // overlaps softmax and PV); 2 = double buffered (the next block's K and V load during the
     // whole current iteration).
     static constexpr int kStages = Stages;
+    // Split-KV partial outputs and paged K/V loads (fwd.cuh) compiled in: only in the decode
+    // tile (FwdDecodeTraits); the 128-row tile at d = 128 would spill registers with them.
+    static constexpr bool kSplitKV = false;
+    static constexpr bool kPagedKV = false;
+    static constexpr bool kPackGQA = false;  // params.gqa_pack (in-kernel GQA packing)
 
     static constexpr int kWarpRows = kBlockM / kNWarps;
     static constexpr int kMTiles = kWarpRows / 16;  // 16-row slices per warp
@@ -121,6 +126,27 @@ template <> struct FwdConfig<224> { using Traits = FwdTraits<224, 128, 64, 8, 1>
 // the 128 x 64 / 8 warps tile (one CTA per SM: each barrier stalls all its 8 warps) on the H200
 // (bench/NOTES.md, run 9).
 template <> struct FwdConfig<256> { using Traits = FwdTraits<256, 64, 64, 4, 1>; };
+
+// Decode / short-query tile (used when seqlen_q, after GQA packing, is at most kBlockM = 64, and
+// for every paged-KV call; the only tile with split-KV and paged loads compiled in):
+// 64 query rows, 4 warps of 16 rows (kMTiles = 1: half the MMA work of the 128-row tile on
+// rows that are mostly padding, and half the accumulator registers), key blocks of 64 rows
+// (128 for d <= 64), 2 stages. Decode is a stream of K/V bytes: at d = 128 a CTA has up to three
+// 16 KB K/V tiles in flight (V_j, K_j+1, V_j+1 while computing on K_j) and takes 80 KB of shared
+// memory, so two CTAs share an SM: ~96 KB in flight per SM, ~12 MB over 132 SMs, about twice
+// the ~6 MB that 4 TB/s needs at ~1.5 us loaded latency (Little's law), with 8 warps per SM to
+// issue the copies. bench/NOTES_decode.md has the reasoning and measurements.
+template <int HeadDim>
+struct FwdDecodeTraits : FwdTraits<HeadDim, 64, (HeadDim <= 64 ? 128 : 64), 4, 2> {
+    static constexpr bool kSplitKV = true;
+    static constexpr bool kPagedKV = true;
+    static constexpr bool kPackGQA = true;
+};
+template <int HeadDim>
+struct FwdDecodeConfig {
+    static constexpr int kBlockM = 64;
+    using Traits = FwdDecodeTraits<HeadDim>;
+};
 
 }  // namespace sm80
 }  // namespace flash_cuda

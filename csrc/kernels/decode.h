@@ -1,0 +1,132 @@
+// Host-side decisions of the decode path (KV cache attention with few query rows), shared by
+// flash_api.cpp and the CPU emulator harness (tests/emulation): GQA packing of the query heads
+// into the tile rows, and the split-KV count. Plain C++ on FwdParams; no torch, no CUDA calls,
+// nothing that depends on tensor contents (the decode step must be capturable in a CUDA graph).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/params.h"
+
+namespace flash_cuda {
+namespace decode {
+
+// The combine kernel (combine.cu) holds at most this many split weights per row.
+constexpr int kMaxSplits = 128;
+// Each split gets at least this many key blocks (fewer: the per-CTA prologue, the fp32 partial
+// write and the combine cost more than the split saves).
+constexpr int kMinBlocksPerSplit = 2;
+
+// Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64, paged,
+// or GQA packed in the kernel).
+inline bool uses_decode_tile(const FwdParams& p) {
+    return p.seqlen_q <= 64 || p.block_table != nullptr || p.gqa_pack > 1;
+}
+// Tile geometry (kernels/sm80/traits.h: FwdDecodeConfig for the decode tile, else FwdConfig;
+// only roughly for the latter, which never splits).
+inline int block_m(bool decode_tile) { return decode_tile ? 64 : 128; }
+inline int block_n(int head_dim) { return head_dim <= 64 ? 128 : 64; }
+// CTAs of the decode tile resident per SM (shared memory: Q tile + 2 stages of K and V; two at
+// most, the kernel's register budget of 255 per thread allows no more at d >= 128).
+inline int ctas_per_sm(int head_dim) {
+    const int bm = block_m(true), bn = block_n(head_dim);
+    const int smem = (bm + 4 * bn) * head_dim * 2 + 128;
+    return std::max(1, std::min(2, (227 * 1024) / smem));
+}
+
+// GQA packing. With one query row per sequence the query heads of one KV head all attend to the
+// same keys with the same mask, so they can be the rows of one tile: q (b, 1, h, d) is read as
+// (b, g, h_k, d) with g = h / h_k (row stride = the head stride, head stride = g head strides),
+// o likewise, and lse (b, h, 1) is exactly (b, h_k, g). Each K/V byte is then read once per KV
+// head instead of g times.
+// Exact only when every packed row has the same visible keys and the same bias: after packing the
+// kernel sees g rows at positions 0..g-1 (diag = seqlen_k - g), so
+//   - causal / a right window: no-ops for a single query row (it sits at the last key), and are
+//     dropped when packing;
+//   - a left window depends on the row position: not packed;
+//   - ALiBi slopes depend on the head (= the packed row): not packed;
+//   - varlen q: not packed (the decode path is fixed length).
+inline bool gqa_packable(const FwdParams& p) {
+    return p.seqlen_q == 1 && p.h_h_k_ratio > 1 && p.alibi_slopes_ptr == nullptr &&
+           p.window_size_left < 0 && p.cu_seqlens_q == nullptr;
+}
+
+inline void pack_gqa(FwdParams& p) {
+    const int g = p.h_h_k_ratio;
+    p.q_row_stride = p.q_head_stride;
+    p.q_head_stride *= g;
+    p.o_row_stride = p.o_head_stride;
+    p.o_head_stride *= g;
+    p.seqlen_q = g;
+    p.seqlen_q_rounded = (g + 127) / 128 * 128;
+    p.h = p.h_k;
+    p.h_h_k_ratio = 1;
+    p.is_causal = false;
+    p.window_size_right = -1;
+}
+
+// GQA packing in the kernel (params.gqa_pack, fwd.cuh PackedRow): tile row r is query position
+// r / g of head kv_head * g + r % g, and the mask uses the position, so causal and windows stay
+// exact for any number of query rows. Used where the re-striding above is not exact (several
+// query rows: speculative decoding; a left window). Not with ALiBi (the kernel takes one slope
+// per CTA), not varlen, and only up to 64 query rows (the decode regime).
+inline bool gqa_packable_in_kernel(const FwdParams& p) {
+    return p.seqlen_q >= 1 && p.seqlen_q <= 64 && p.h_h_k_ratio > 1 &&
+           p.alibi_slopes_ptr == nullptr && p.cu_seqlens_q == nullptr;
+}
+
+// The kvcache op's packing decision: re-strided when exact, else in the kernel where possible.
+inline void plan_gqa_packing(FwdParams& p) {
+    if (gqa_packable(p)) {
+        pack_gqa(p);
+    } else if (gqa_packable_in_kernel(p)) {
+        p.gqa_pack = p.h_h_k_ratio;
+    }
+}
+
+// CTAs of one split: batch x (KV) heads x m blocks.
+inline int64_t num_tiles(const FwdParams& p) {
+    const bool packed = p.gqa_pack > 1;
+    const int64_t rows = static_cast<int64_t>(p.seqlen_q) * (packed ? p.gqa_pack : 1);
+    const int heads = packed ? p.h / p.gqa_pack : p.h;
+    const int bm = block_m(uses_decode_tile(p));
+    return static_cast<int64_t>(p.b) * heads * ((rows + bm - 1) / bm);
+}
+
+// Split count for a problem of `tiles` CTAs (batch x heads x m blocks) over key blocks of a
+// `seqlen_k`-key cache (the capacity: shapes only). requested > 0: honoured, clamped to
+// [1, min(kMaxSplits, key blocks)]. Always 1 without the decode tile (the 128-row tile has no
+// split-KV code). requested == 0: the smallest count whose CTAs fill the
+// GPU's CTA slots (num_sms x ctas_per_sm) in waves at least 85% as evenly as the best count,
+// with at least kMinBlocksPerSplit key blocks per split.
+inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile, int head_dim,
+                      int num_sms) {
+    if (!decode_tile) return 1;  // split-KV is compiled into the decode tile only
+    const int bn = block_n(head_dim);
+    const int n_blocks = std::max(1, (seqlen_k + bn - 1) / bn);
+    if (requested > 0) return std::max(1, std::min({requested, kMaxSplits, n_blocks}));
+    if (tiles <= 0 || num_sms <= 0) return 1;
+    const int max_splits = std::min(kMaxSplits, std::max(1, n_blocks / kMinBlocksPerSplit));
+    const double slots = static_cast<double>(num_sms) * ctas_per_sm(head_dim);
+    if (tiles >= slots || max_splits == 1) {
+        // Full waves already; split only to even out a short last wave (see below).
+        const double waves = tiles / slots;
+        if (waves / std::ceil(waves) >= 0.85) return 1;
+    }
+    double best = 0.0;
+    double eff[kMaxSplits + 1] = {};
+    for (int s = 1; s <= max_splits; ++s) {
+        const double waves = static_cast<double>(tiles) * s / slots;
+        eff[s] = waves / std::ceil(waves);
+        best = std::max(best, eff[s]);
+    }
+    for (int s = 1; s <= max_splits; ++s) {
+        if (eff[s] >= 0.85 * best) return s;
+    }
+    return 1;
+}
+
+}  // namespace decode
+}  // namespace flash_cuda

@@ -1,0 +1,164 @@
+"""The decode / KV-cache paths of the sm80 forward kernel on the CPU emulator (tests/emulation):
+split-KV partial outputs (merged with combine.cu's formula), GQA packing, paged K/V through a
+block table (pages smaller than, equal to and larger than the key tile), cache_batch_idx,
+cache_leftpad, and paged varlen prefill. The host steps (packing, split count) are the ones of
+flash_api.cpp (kernels/decode.h); the append of new tokens is not part of the kernel and is not
+emulated. Same oracle and rule as the GPU tests (DESIGN.md section 9). Small shapes: the
+emulator is slow.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import shutil
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
+
+from driver import CUDA_INCLUDE, run_fwd_emulated  # noqa: E402
+from test_fwd_gpu import assert_close_to_oracle  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("g++") is None or not (CUDA_INCLUDE / "cuda_fp16.h").exists(),
+                       reason="needs g++ and the CUDA headers"),
+]
+
+
+def make_cache(b, capacity, hk, d, dtype, page, gen):
+    """A (b, capacity) logical cache, stored contiguous (page None) or in shuffled pages with a
+    block table. Returns (k_store, v_store, block_table, k_dense, v_dense): the dense views are
+    the logical rows (b, capacity, hk, d)."""
+    k_dense = torch.randn(b, capacity, hk, d, generator=gen).to(dtype)
+    v_dense = torch.randn(b, capacity, hk, d, generator=gen).to(dtype)
+    if page is None:
+        return k_dense, v_dense, None, k_dense, v_dense
+    pages_per_seq = capacity // page
+    num_blocks = b * pages_per_seq + 3  # a few unused blocks
+    perm = torch.randperm(num_blocks, generator=gen)[: b * pages_per_seq]
+    block_table = perm.view(b, pages_per_seq).int()
+    k_store = torch.randn(num_blocks, page, hk, d, generator=gen).to(dtype)
+    v_store = torch.randn(num_blocks, page, hk, d, generator=gen).to(dtype)
+    for i in range(b):
+        for j in range(pages_per_seq):
+            blk = int(block_table[i, j])
+            k_store[blk] = k_dense[i, j * page:(j + 1) * page]
+            v_store[blk] = v_dense[i, j * page:(j + 1) * page]
+    return k_store, v_store, block_table, k_dense, v_dense
+
+
+CASES = [
+    # name, dtype, d, b, h, hk, sq, capacity, page, seqused, options
+    ("packed-split3-empty-splits", torch.bfloat16, 128, 3, 8, 2, 1, 192, None, [1, 192, 77],
+     dict(num_splits=3, pack_gqa=True)),
+    ("paged16-mha-d64", torch.float16, 64, 2, 2, 2, 1, 256, 16, [256, 130], dict(num_splits=1)),
+    ("paged32-causal-sq5-split2", torch.bfloat16, 128, 2, 4, 2, 5, 192, 32, [192, 70],
+     dict(num_splits=2, causal=True, pack_gqa=True)),
+    ("paged256-split4-packed", torch.bfloat16, 128, 1, 4, 1, 1, 512, 256, [300],
+     dict(num_splits=4, pack_gqa=True)),
+    ("batchidx-leftpad-window-split3", torch.float16, 64, 2, 4, 2, 1, 160, None, [150, 97],
+     dict(num_splits=3, window=(50, 0), pack_gqa=True, batch_idx=[2, 0], leftpad=[9, 0],
+          cache_batch=3)),
+    ("alibi-gqa2-split2", torch.bfloat16, 64, 2, 4, 2, 1, 200, None, [200, 33],
+     dict(num_splits=2, alibi=True, pack_gqa=True)),
+    ("softcap-packed-heuristic", torch.float16, 128, 1, 8, 1, 1, 1024, 64, [1000],
+     dict(num_splits=0, softcap=30.0, pack_gqa=True)),
+    ("d80-sq4-split16", torch.bfloat16, 80, 1, 2, 1, 4, 256, None, [250],
+     dict(num_splits=16, causal=True)),
+    # In-kernel GQA packing (several query rows per KV head group, or a left window).
+    ("inkernel-sq8-g8-causal-split3", torch.bfloat16, 128, 2, 8, 1, 8, 320, None, [300, 9],
+     dict(num_splits=3, causal=True, pack_gqa=True)),
+    ("inkernel-sq17-g4-window-paged16", torch.float16, 64, 2, 8, 2, 17, 256, 16, [256, 40],
+     dict(num_splits=1, window=(30, 2), pack_gqa=True)),
+    ("inkernel-sq3-g2-softcap-empty-rows", torch.float16, 64, 3, 4, 2, 3, 128, None, [0, 2, 128],
+     dict(num_splits=2, causal=True, softcap=20.0, pack_gqa=True)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_decode_emulated(case):
+    name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
+    gen = torch.Generator().manual_seed(hash(name) % 2**31)
+    cache_batch = extra.get("cache_batch", b)
+    k_store, v_store, block_table, k_dense, v_dense = make_cache(cache_batch, capacity, hk, d,
+                                                                 dtype, page, gen)
+    q = torch.randn(b, sq, h, d, generator=gen).to(dtype)
+    seqused_k = torch.tensor(seqused, dtype=torch.int32)
+    batch_idx = extra.get("batch_idx")
+    leftpad = extra.get("leftpad")
+    opts = {}
+    if extra.get("causal"):
+        opts["causal"] = True
+    if "window" in extra:
+        opts["window"] = extra["window"]
+    if "softcap" in extra:
+        opts["softcap"] = extra["softcap"]
+    slopes = None
+    if extra.get("alibi"):
+        slopes = torch.rand(b, h, generator=gen) * 0.3
+        opts["alibi_slopes"] = slopes
+    out, lse = run_fwd_emulated(
+        q, k_store, v_store, seqused_k=seqused_k, block_table=block_table,
+        cache_batch_idx=None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32),
+        cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32),
+        num_splits=extra.get("num_splits", 1), pack_gqa=extra.get("pack_gqa", False), **opts)
+    for i in range(b):
+        row = batch_idx[i] if batch_idx is not None else i
+        lp = leftpad[i] if leftpad is not None else 0
+        k_i = k_dense[row:row + 1, lp:seqused[i]]
+        v_i = v_dense[row:row + 1, lp:seqused[i]]
+        opts_i = dict(opts)
+        if slopes is not None:
+            opts_i["alibi_slopes"] = slopes[i:i + 1]
+        assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k_i, v_i, **opts_i)
+
+
+@pytest.mark.parametrize("page", (16, 64))
+def test_paged_varlen_prefill_emulated(page):
+    """varlen_fwd with block_table: packed q, keys of sequence i at block-table positions
+    0 .. cu_seqlens_k[i+1] - cu_seqlens_k[i]."""
+    rng = random.Random(page)
+    gen = torch.Generator().manual_seed(page)
+    dtype, d, h, hk = torch.float16, 64, 4, 2
+    seqlens_q, seqlens_k = [70, 3, 17], [100, 40, 17]
+    b = len(seqlens_q)
+    capacity = 128
+    k_store, v_store, block_table, k_dense, v_dense = make_cache(b, capacity, hk, d, dtype, page,
+                                                                 gen)
+    cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(int(cu_q[-1]), h, d, generator=gen).to(dtype)
+    causal = rng.random() < 2  # always: the common prefill case
+    out, lse = run_fwd_emulated(q, k_store, v_store, causal=causal, cu_seqlens_q=cu_q,
+                                cu_seqlens_k=cu_k, max_seqlen_q=max(seqlens_q),
+                                max_seqlen_k=max(seqlens_k), block_table=block_table)
+    for i in range(b):
+        q0, q1 = int(cu_q[i]), int(cu_q[i + 1])
+        k_i = k_dense[i:i + 1, :seqlens_k[i]]
+        v_i = v_dense[i:i + 1, :seqlens_k[i]]
+        assert_close_to_oracle(out[q0:q1].unsqueeze(0), lse[:, q0:q1].unsqueeze(0),
+                               q[q0:q1].unsqueeze(0), k_i, v_i, causal=causal)
+
+
+@pytest.mark.parametrize("feature", ("plain", "causal", "window", "softcap", "alibi"))
+def test_short_query_fwd_emulated(feature):
+    """Plain fwd with seqlen_q <= 64 now runs the decode tile (64 x 64/128): the grid cases of
+    test_fwd_gpu at short query lengths."""
+    from test_fwd_gpu import feature_options
+    rng = random.Random(FEATURE_SEEDS[feature])
+    gen = torch.Generator().manual_seed(FEATURE_SEEDS[feature])
+    for (sq, sk, d) in ((17, 203, 128), (1, 239, 64)):
+        b, h, hk = 2, 4, 2
+        q = torch.randn(b, sq, h, d, generator=gen).half()
+        k = torch.randn(b, sk, hk, d, generator=gen).half()
+        v = torch.randn(b, sk, hk, d, generator=gen).half()
+        opts = feature_options(feature, sq, sk, b, h, rng, device="cpu")
+        out, lse = run_fwd_emulated(q, k, v, **opts)
+        assert_close_to_oracle(out, lse, q, k, v, **opts)
+
+
+FEATURE_SEEDS = {"plain": 1, "causal": 2, "window": 3, "softcap": 4, "alibi": 5}

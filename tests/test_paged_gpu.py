@@ -1,0 +1,239 @@
+"""KV-cache decode on CUDA through the sm80 kernel's decode paths: split-KV (num_splits 0 =
+heuristic, 1, 3, 16), GQA packing, paged caches (page sizes 16..256: pages smaller than, equal to
+and larger than the 64-key tile), cache_batch_idx, cache_leftpad, the mask / bias features,
+new tokens appended in place; plus CUDA-graph capture/replay of paged split decode steps and
+varlen_fwd with block_table (paged prefill). Issue 5's cross product, sampled with a fixed
+seed. Oracle: fp64 naive attention per sequence over the keys it sees, DESIGN.md section 9
+rule (2x the input-dtype oracle's error); the cache after the call must equal the expected
+append. Rotary is the append kernel's part and is not covered here.
+"""
+
+import itertools
+import zlib
+import random
+
+import pytest
+import torch
+
+from naive_attention import naive_attention, normalize_window
+
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _flash():
+    import flash_cuda
+
+    return flash_cuda
+
+
+BATCHES = (1, 3, 17)
+CACHE_LENGTHS = (1, 63, 1000, 8192)
+NEW_TOKENS = (0, 1, 5)
+HEAD_DIMS = (64, 80, 128, 256)
+GQA = (1, 4, 8)
+LAYOUTS = ("contiguous", "paged16", "paged32", "paged64", "paged128", "paged256",
+           "leftpad", "batch_idx")
+FEATURES = ("plain", "causal", "window", "softcap", "alibi")
+SPLITS = (0, 1, 3, 16)
+
+
+def sampled_cases(n=72, seed=5):
+    rng = random.Random(seed)
+    grid = list(itertools.product(BATCHES, CACHE_LENGTHS, NEW_TOKENS, HEAD_DIMS, GQA, LAYOUTS,
+                                  FEATURES, SPLITS))
+    cases = rng.sample(grid, n)
+    # Always: the decode shapes of the benchmark at small batch, every page size, every split.
+    cases += [(1, 8192, 1, 128, 4, f"paged{p}", "plain", s) for p in (16, 256) for s in SPLITS]
+    cases += [(3, 1000, 1, 128, 8, "contiguous", "causal", 0), (17, 63, 0, 64, 1, "leftpad", "plain", 0)]
+    return cases
+
+
+def case_id(c):
+    return "-".join(map(str, c))
+
+
+class Cache:
+    """A cache of `batch_cache` logical sequences of `capacity` keys: contiguous, or shuffled pages
+    (plus spare blocks) addressed by a block table. dense() gives the logical rows."""
+
+    def __init__(self, batch_cache, capacity, hk, d, dtype, page, gen):
+        self.page = page
+        dev = "cuda"
+        if page is None:
+            self.k = torch.randn(batch_cache, capacity, hk, d, device=dev, dtype=dtype, generator=gen)
+            self.v = torch.randn_like(self.k)
+            self.block_table = None
+        else:
+            pages = (capacity + page - 1) // page
+            num_blocks = batch_cache * pages + 5
+            self.k = torch.randn(num_blocks, page, hk, d, device=dev, dtype=dtype, generator=gen)
+            self.v = torch.randn_like(self.k)
+            perm = torch.randperm(num_blocks, device=dev, generator=gen)[: batch_cache * pages]
+            self.block_table = perm.view(batch_cache, pages).int()
+
+    def dense(self, i):
+        """Logical rows of sequence i, (capacity', hk, d) each for k and v."""
+        if self.block_table is None:
+            return self.k[i], self.v[i]
+        idx = self.block_table[i].long()
+        return self.k[idx].flatten(0, 1), self.v[idx].flatten(0, 1)
+
+
+def run_case(case, dtype):
+    b, capacity, s_new, d, g, layout, feature, num_splits = case
+    rng = random.Random(zlib.crc32(repr(case).encode()))
+    gen = torch.Generator(device="cuda").manual_seed(rng.randint(0, 1 << 30))
+    hk = rng.choice((1, 2)) if g > 1 else rng.choice((1, 4))
+    h = hk * g
+    capacity = max(capacity, s_new)
+    page = int(layout[5:]) if layout.startswith("paged") else None
+    batch_idx = leftpad = None
+    batch_cache = b + 2 if layout == "batch_idx" else b
+    cache = Cache(batch_cache, capacity, hk, d, dtype, page, gen)
+    seqlens = [rng.randint(0, capacity - s_new) for _ in range(b)]
+    if layout == "batch_idx":
+        batch_idx = torch.tensor(rng.sample(range(batch_cache), b), dtype=torch.int32, device="cuda")
+    if layout == "leftpad":
+        leftpad = torch.tensor([rng.randint(0, n) for n in seqlens], dtype=torch.int32, device="cuda")
+    sq = max(s_new, 1)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=gen)
+    k_new = torch.randn(b, s_new, hk, d, device="cuda", dtype=dtype, generator=gen) if s_new else None
+    v_new = torch.randn_like(k_new) if s_new else None
+    causal = feature == "causal"
+    window = (rng.randint(0, 300), rng.randint(0, 3)) if feature == "window" else (-1, -1)
+    softcap = 5.0 if feature == "softcap" else 0.0
+    alibi = (torch.rand(b, h, device="cuda") * 0.3) if feature == "alibi" else None
+    cache_seqlens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+
+    # Expected cache after the append (logical rows per sequence).
+    rows = [batch_idx[i].item() if batch_idx is not None else i for i in range(b)]
+    expected = []
+    for i in range(b):
+        k_i, v_i = (t.clone() for t in cache.dense(rows[i]))
+        if s_new:
+            k_i[seqlens[i]:seqlens[i] + s_new] = k_new[i]
+            v_i[seqlens[i]:seqlens[i] + s_new] = v_new[i]
+        expected.append((k_i, v_i))
+    untouched_k = cache.k.clone()
+
+    out, lse = _flash().flash_attn_with_kvcache(
+        q, cache.k, cache.v, k=k_new, v=v_new, cache_seqlens=cache_seqlens,
+        cache_batch_idx=batch_idx, cache_leftpad=leftpad, block_table=cache.block_table,
+        causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi,
+        num_splits=num_splits, return_softmax_lse=True)
+
+    # Cache contents: each sequence's logical rows as expected.
+    for i in range(b):
+        k_i, v_i = cache.dense(rows[i])
+        assert torch.equal(k_i, expected[i][0]) and torch.equal(v_i, expected[i][1]), f"cache {i}"
+    if batch_idx is not None:  # rows no batch entry uses are untouched
+        for r in set(range(batch_cache)) - set(rows):
+            assert torch.equal(cache.k[r], untouched_k[r])
+
+    cap_total = capacity if page is None else cache.block_table.shape[1] * page
+    left, right = normalize_window(causal, window, cap_total)
+    for i in range(b):
+        lp = 0 if leftpad is None else leftpad[i].item()
+        n = seqlens[i] + s_new
+        k_i, v_i = expected[i]
+        ki, vi = k_i[lp:n].unsqueeze(0), v_i[lp:n].unsqueeze(0)
+        qi = q[i:i + 1]
+        opts = dict(window=(left, right), normalize=False, softcap=softcap,
+                    alibi_slopes=None if alibi is None else alibi[i:i + 1])
+        ref, ref_lse = naive_attention(qi.double(), ki.double(), vi.double(), **opts)
+        out_pt, _ = naive_attention(qi, ki, vi, **opts)
+        err = (out[i:i + 1].double() - ref).abs().max().item()
+        err_pt = (out_pt.double() - ref).abs().max().item()
+        assert torch.isfinite(out[i]).all(), f"sequence {i}: non-finite output"
+        assert err <= 2 * err_pt + 1e-5, f"sequence {i}: max|out-ref| {err:.3e} > 2 * {err_pt:.3e}"
+        assert torch.equal(torch.isposinf(lse[i:i + 1]), torch.isposinf(ref_lse)), f"sequence {i}"
+        finite = torch.isfinite(ref_lse)
+        if finite.any():
+            assert (lse[i:i + 1][finite] - ref_lse[finite]).abs().max().item() < 1e-2
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", sampled_cases(), ids=case_id)
+def test_kvcache_decode_grid(case):
+    dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
+    run_case(case, dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize("page", (None, 16, 256))
+@pytest.mark.parametrize("num_splits", (0, 1, 16))
+def test_decode_graph_replay(page, num_splits):
+    """Capture a decode step (paged or not, split or not); replay with changing cache_seqlens
+    equals eager calls, outputs and caches alike."""
+    b, capacity, h, hk, d, dtype = 3, 4096, 32, 8, 128, torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    cache = Cache(b, capacity, hk, d, dtype, page, gen)
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=dtype)
+    k_new = torch.randn(b, 1, hk, d, device="cuda", dtype=dtype)
+    v_new = torch.randn_like(k_new)
+    cache_seqlens = torch.tensor([3, 1000, 0], dtype=torch.int32, device="cuda")
+    flash = _flash()
+
+    def step():
+        return flash.flash_attn_with_kvcache(q, cache.k, cache.v, k=k_new, v=v_new,
+                                             cache_seqlens=cache_seqlens,
+                                             block_table=cache.block_table, causal=True,
+                                             num_splits=num_splits, return_softmax_lse=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_graph, lse_graph = step()
+    for seqlens in ([10, 11, 12], [0, 4095, 2000], [4000, 1, 63]):
+        cache_seqlens.copy_(torch.tensor(seqlens, dtype=torch.int32))
+        q.normal_()
+        k_new.normal_()
+        v_new.normal_()
+        k_before, v_before = cache.k.clone(), cache.v.clone()
+        graph.replay()
+        replay = (out_graph.clone(), lse_graph.clone(), cache.k.clone(), cache.v.clone())
+        cache.k.copy_(k_before)
+        cache.v.copy_(v_before)
+        eager_out, eager_lse = step()
+        assert torch.equal(replay[0], eager_out) and torch.equal(replay[1], eager_lse)
+        assert torch.equal(replay[2], cache.k) and torch.equal(replay[3], cache.v)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=("fp16", "bf16"))
+@pytest.mark.parametrize("page", (16, 32, 64, 128, 256))
+@pytest.mark.parametrize("d", (64, 128))
+def test_varlen_block_table(dtype, page, d):
+    """flash_attn_varlen_func with block_table (paged prefill / chunked prefill)."""
+    rng = random.Random(page * 1000 + d)
+    gen = torch.Generator(device="cuda").manual_seed(page + d)
+    h, hk = 8, 2
+    seqlens_k = [rng.randint(1, 700) for _ in range(4)]
+    seqlens_q = [rng.randint(1, n) for n in seqlens_k]  # chunked prefill: a suffix of the keys
+    b = len(seqlens_k)
+    capacity = (max(seqlens_k) + page - 1) // page * page
+    cache = Cache(b, capacity, hk, d, dtype, page, gen)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(seqlens_q)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(itertools.accumulate(seqlens_k)), dtype=torch.int32, device="cuda")
+    q = torch.randn(int(cu_q[-1]), h, d, device="cuda", dtype=dtype, generator=gen)
+    for causal in (False, True):
+        out, lse, _ = _flash().flash_attn_varlen_func(
+            q, cache.k, cache.v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal,
+            block_table=cache.block_table, return_attn_probs=True)
+        for i in range(b):
+            q0, q1 = int(cu_q[i]), int(cu_q[i + 1])
+            k_i, v_i = cache.dense(i)
+            ki, vi = k_i[:seqlens_k[i]].unsqueeze(0), v_i[:seqlens_k[i]].unsqueeze(0)
+            qi = q[q0:q1].unsqueeze(0)
+            ref, ref_lse = naive_attention(qi.double(), ki.double(), vi.double(), causal=causal)
+            out_pt, _ = naive_attention(qi, ki, vi, causal=causal)
+            err = (out[q0:q1].double() - ref[0]).abs().max().item()
+            err_pt = (out_pt.double() - ref).abs().max().item()
+            assert err <= 2 * err_pt + 1e-5, f"seq {i} causal={causal}: {err:.3e} > 2 * {err_pt:.3e}"
+            finite = torch.isfinite(ref_lse[0])
+            assert (lse[:, q0:q1][finite] - ref_lse[0][finite]).abs().max().item() < 1e-2
