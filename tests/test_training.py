@@ -20,7 +20,7 @@ import training_utils as tu
 from api_utils import cu_seqlens
 
 TINY = tu.Config(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab=32, set_size=4,
-                 seq_len=33, batch=4, steps=30, lr=3e-3, warmup=5)
+                 seq_len=33, batch=4, steps=20, lr=3e-3, warmup=5)
 BF16 = torch.bfloat16
 
 
@@ -30,11 +30,11 @@ def test_training_matches_sdpa_math_fp32():
     assert torch.isfinite(flash).all()
     gap, step = tu.max_relative_gap(flash, math)
     assert gap < 1e-4, (gap, step, flash, math)
-    assert float(flash[-5:].mean()) < float(flash[:5].mean()) - 0.3, flash
+    assert float(flash[-5:].mean()) < float(flash[:5].mean()) - 0.2, flash
 
 
 def test_training_under_bf16_autocast():
-    flash, math = tu.train_pair(dataclasses.replace(TINY, steps=15), tu.flash_attention(),
+    flash, math = tu.train_pair(dataclasses.replace(TINY, steps=10), tu.flash_attention(),
                                 tu.sdpa_math_attention, device="cpu", autocast_dtype=BF16)
     assert torch.isfinite(flash).all()
     gap, step = tu.max_relative_gap(flash, math)
@@ -61,7 +61,8 @@ def test_dropout_trains():
     torch.manual_seed(0)
     drop = tu.train(tu.make_model(cfg), tu.flash_attention(dropout_p=0.1), data, cfg,
                     device="cpu")
-    plain = tu.train(tu.make_model(cfg), tu.flash_attention(), data, cfg, device="cpu")
+    plain = tu.train(tu.make_model(cfg), tu.flash_attention(), data, cfg, device="cpu",
+                     steps=1)
     assert torch.isfinite(drop).all()
     assert float(drop[-5:].mean()) < float(drop[:5].mean()) - 0.2, drop
     assert drop[0] != plain[0]  # same weights and batch: only the dropout differs

@@ -54,9 +54,9 @@ def test_loss_curve_matches_sdpa_math(curves):
                          f"{flash[step]:.5f}, MATH {math[step]:.5f}\nflash_cuda {_fmt(flash)}"
                          f"\nMATH       {_fmt(math)}")
     # The model learned the in-context part of the task: only attention over the prefix gets
-    # the loss below the best loss that ignores it.
+    # the loss below the best loss that ignores it (4.00 here; ln 8 = 2.08 is the limit).
     floor = tu.no_attention_floor(CFG)
-    assert float(flash[-10:].mean()) < floor - 0.5, (floor, _fmt(flash))
+    assert float(flash[-10:].mean()) < floor - 0.25, (floor, _fmt(flash))
 
 
 def _first_step_grads(attn):
@@ -87,7 +87,7 @@ def test_dropout_trains(curves):
     drop = tu.train(tu.make_model(cfg), tu.flash_attention(dropout_p=0.1),
                     tu.make_data(CFG)[:steps], cfg, device="cuda", autocast_dtype=BF16)
     assert torch.isfinite(drop).all(), _fmt(drop, 10)
-    assert float(drop[-10:].mean()) < float(drop[:10].mean()) - 0.5, _fmt(drop, 10)
+    assert float(drop[-10:].mean()) < float(drop[:10].mean()) - 0.3, _fmt(drop, 10)
     no_drop = curves[0][:steps]
     # Same weights and batch at step 0: only the dropped attention probabilities differ.
     assert drop[0] != no_drop[0] and not torch.equal(drop, no_drop)
