@@ -4,6 +4,10 @@
     python3 bench/bench_attention.py --quick               # a few cells (meant for < 2 min)
     python3 bench/bench_attention.py                       # the whole grid (meant for < 8 min)
     python3 bench/bench_attention.py --modes decode --decode-grid     # issue 5's decode grid
+    python3 bench/bench_attention.py --modes fwdbwd --impls flash_cuda,flash_cuda_det,fa2,cudnn
+                                         # + the cost of deterministic=True (its own table)
+    python3 bench/bench_attention.py --modes memory --impls flash_cuda,flash_cuda_det,math
+                                         # peak memory, fwd and fwd+bwd, seqlen 1k-16k
     python3 bench/bench_attention.py --dry-run [...]       # print the plan; needs no GPU
     python3 bench/bench_report.py bench/results/bench.json [--compact]  # tables from a results file
 

@@ -121,9 +121,10 @@ def build_plan(args) -> list[dict]:
             act = b * s * h * d * 2
             c["floor_fwd"] = act + b * h * s * 4            # out + lse (fp32)
             c["floor_fwdbwd"] = c["floor_fwd"] + 3 * act    # + dq, dk, dv
+            # Both modes unless the prefill modes were restricted (--modes memory alone: both);
+            # deterministic=True only changes the backward: no fwd row for it.
             plan.append({"section": "memory", "case": c, "case_id": f"s{s}",
-                         "modes": {m: [i for i in impls if i != "flash_cuda_det"]
-                                   for m in prefill_modes or ["fwd"]}})
+                         "modes": modes_impls(prefill_modes or ["fwd", "fwdbwd"])})
     return plan
 
 

@@ -237,6 +237,27 @@ def render_memory(t: Table, compact: bool) -> list[str]:
     return [title, "", note, ""] + md_table(header, body) + [""]
 
 
+def render_det(t: Table) -> list[str]:
+    """The cost of deterministic=True: fwd+bwd time with and without it, per prefill cell."""
+    body = []
+    for section in ("grid", "gqa"):
+        for cid in t.cases(section):
+            fc = t.get(section, cid, "fwdbwd", "flash_cuda")
+            det = t.get(section, cid, "fwdbwd", "flash_cuda_det")
+            if det is None:
+                continue
+            name = (" ".join(prefill_label(t.case(section, cid))) if section == "grid"
+                    else f"GQA {cid}")
+            body.append([name, cell(fc, "ms", "{:.3f}"), cell(det, "ms", "{:.3f}"),
+                         ratio(value(det, "ms"), value(fc, "ms")),
+                         cell(fc, "tflops"), cell(det, "tflops")])
+    if not body:
+        return []
+    header = ["case (head dim, causal, seqlen (batch))", "fwd+bwd ms", "deterministic ms",
+              "det / default time", "TFLOP/s", "det TFLOP/s"]
+    return (["### Cost of deterministic=True (fwd+bwd)", ""] + md_table(header, body) + [""])
+
+
 def render_problems(t: Table, limit: int = 12) -> list[str]:
     """Distinct error/oom messages with the first cells they hit."""
     seen: dict[str, list[str]] = {}
@@ -288,6 +309,7 @@ def render(results: dict, compact: bool = False) -> str:
         out += render_gqa_times(t)
     out += render_decode(t, "decode", compact)
     out += render_decode(t, "decode_grid", compact)
+    out += render_det(t)
     out += render_memory(t, compact)
     out += render_problems(t, limit=6 if compact else 20)
     return "\n".join(out).rstrip() + "\n"

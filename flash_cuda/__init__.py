@@ -4,6 +4,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers the torch.ops.flash_cuda ops)
 from . import _ops  # noqa: F401  (fake tensors and autograd of the ops)
+from . import _autocast  # noqa: F401  (torch.autocast rules of the attention ops)
 from .interface import (
     flash_attn_func,
     flash_attn_kvpacked_func,

@@ -73,6 +73,42 @@ def test_options_restrict_the_plan(capsys):
         for s in (1024, 2048)]
 
 
+def test_memory_plan_has_fwd_and_fwdbwd(capsys):
+    """--modes memory alone measures both (issue 4: fwd+bwd peak memory, 1k-16k, vs MATH);
+    deterministic=True only in fwd+bwd."""
+    lines = dry_run(capsys, "--modes", "memory", "--impls", "flash_cuda,flash_cuda_det,math")
+    mem = [ln for ln in lines if ln.startswith("memory ")]
+    assert [ln.split()[1] for ln in mem] == ["s1024", "s2048", "s4096", "s8192", "s16384"]
+    for ln in mem:
+        assert ln.split()[2:] == ["fwd:", "flash_cuda,math;", "fwdbwd:",
+                                  "flash_cuda,flash_cuda_det,math"]
+    lines = dry_run(capsys, "--modes", "fwd,memory", "--no-gqa")
+    assert all("fwdbwd" not in ln for ln in lines if ln.startswith("memory "))
+
+
+def test_report_det_cost_and_memory_tables():
+    case = plan.prefill_case(4, 4096, 16, 16, 128, True)
+    mem = plan.prefill_case(1, 1024, 16, 16, 64, False)
+    mem.update(floor_fwd=3 << 20, floor_fwdbwd=9 << 20)
+    rows = [
+        {"section": "grid", "case_id": "c", "case": case, "mode": "fwdbwd",
+         "impl": "flash_cuda", "status": "ok", "ms": 2.0, "tflops": 300.0},
+        {"section": "grid", "case_id": "c", "case": case, "mode": "fwdbwd",
+         "impl": "flash_cuda_det", "status": "ok", "ms": 2.5, "tflops": 240.0},
+        {"section": "memory", "case_id": "s1024", "case": mem, "mode": "fwdbwd",
+         "impl": "flash_cuda", "status": "ok", "extra_mib": 10.0},
+        {"section": "memory", "case_id": "s1024", "case": mem, "mode": "fwdbwd",
+         "impl": "math", "status": "ok", "extra_mib": 300.0},
+    ]
+    md = report.render({"meta": {}, "rows": rows})
+    assert "### Cost of deterministic=True (fwd+bwd)" in md
+    assert "| 128 yes 4096 (4) | 2.000 | 2.500 | 1.25 | 300 | 240 |" in md
+    assert "| seqlen | fwd+bwd: flash_cuda | fwd+bwd: standard | fwd+bwd: floor |" in md
+    assert "| 1024 | 10 | 300 | 9 |" in md
+    # Without a deterministic row there is no such table.
+    assert "deterministic" not in report.render({"meta": {}, "rows": rows[:1] + rows[2:]})
+
+
 def test_flops_and_bytes():
     c = plan.prefill_case(4, 4096, 16, 16, 128, False)
     assert plan.prefill_flops(c, "fwd") == 4 * 4 * 16 * 4096 * 4096 * 128
@@ -135,6 +171,7 @@ def test_smoke_run_with_stand_in_flash_cuda(tmp_path, monkeypatch, capsys):
             assert row(section, mode, "cudnn")["status"] == "error"
             assert "No viable backend" in row(section, mode, "cudnn")["note"]
         assert row(section, "fwdbwd", "flash_cuda_det")["status"] == "ok"
+        assert row(section, "fwdbwd", "flash_cuda_det")["check"]["max_abs"] < 1e-4
         # deterministic=True only changes the backward: no fwd row for it
         assert not [k for k in rows if k[0] == section and k[2:] == ("fwd", "flash_cuda_det")]
     eff = row("gqa", "fwd", "efficient")
@@ -146,6 +183,7 @@ def test_smoke_run_with_stand_in_flash_cuda(tmp_path, monkeypatch, capsys):
     assert row("memory", "fwd", "flash_cuda")["status"] == "unavailable"  # needs CUDA
     assert "| head dim | causal | seqlen (batch) |" in md and "fwd: fc/FA2" in md
     assert "### Errors and unavailable measurements" in md
+    assert "### Cost of deterministic=True (fwd+bwd)" in md
 
     compact = report.render(res, compact=True)
     assert "fwd: xformers" not in compact and "fwd: fc/cuDNN" in compact
