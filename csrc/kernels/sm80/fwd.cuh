@@ -7,7 +7,7 @@
 //     S = Q K_n^T                fp32 accumulators in registers (warp_gemm.cuh)
 //     softcap / ALiBi / mask     on the fragments (mask.cuh); masking only on edge blocks
 //     online softmax             row max/sum by quad shuffles, O rescaled (softmax.cuh)
-//     [dropout on P would go here: P is fp32 in the S registers, rows/cols as in mask.cuh]
+//     dropout (IsDropout)        dropped elements of P zeroed after the row sums (dropout.cuh)
 //     O += P V_n                 P converted in registers into the A operand
 //   O / l -> shared memory (over the Q tile) -> global with 16-byte stores; lse per row.
 // Key blocks run from the last to the first so the blocks that need masking on the causal
@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/dropout.cuh"
 #include "kernels/mask.cuh"
 #include "kernels/params.h"
 #include "kernels/ptx.cuh"
@@ -84,6 +85,8 @@ struct CtaScalars {
     int unmasked_keys_end;
     int diag;                 // seqlen_k - seqlen_q
     KeyRange key_range;       // visible keys per query row
+    uint64_t dropout_seed;    // dropout (IsDropout): Philox key and stream of this (batch, head)
+    uint64_t dropout_stream;
 };
 
 // Where this CTA writes: its O tile (row m0 of the sequence, this head) and lse entries.
@@ -154,8 +157,10 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
 
 // Template parameters: Causal (window right side fixed to 0), HasAlibi (scores converted to
 // natural-log units with the ALiBi bias; also used, with slope 0, when softmax_scale <= 0 so
-// the exponent factor stays positive), HasSoftcap (tanh capping).
-template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
+// the exponent factor stays positive), HasSoftcap (tanh capping), IsDropout (dropout of P: l
+// and lse stay those of the undropped softmax, O is scaled by 1 / p_keep at the end).
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap,
+          bool IsDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_fwd_sm80_kernel(const __grid_constant__ FwdParams params) {
     constexpr int kBlockM = Traits::kBlockM;
@@ -183,6 +188,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int batch = blockIdx.y;
     const int head = blockIdx.z;
     const int m0 = m_block * kBlockM;  // first query row of this CTA
+    if constexpr (IsDropout) write_rng_state(params, tid);
 
     int n_block_min, n_block_max;      // key blocks some row of the tile can see
     // CTA-wide scalars read only now and then in the main loop. They live in shared memory
@@ -220,6 +226,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             cta.unmasked_keys_begin = mask.key_begin(m0 + kBlockM - 1);
             cta.key_range = KeyRange::make(mask);
             cta.diag = mask.diag;
+            if constexpr (IsDropout) {
+                const DropoutMask dropout =
+                    DropoutMask::make(params, static_cast<int64_t>(batch) * params.h + head);
+                cta.dropout_seed = dropout.seed;
+                cta.dropout_stream = dropout.stream;
+            }
         }
 
         // ---- No visible key for any row of the tile (seqlen_k = 0, causal with seqlen_q >
@@ -340,9 +352,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (block_needs_mask) apply_mask(acc_s, cta.key_range, frag_row0, frag_col0);
 
         softmax.update(acc_s, acc_o, log2_scale);
-        // (Dropout would be applied to acc_s here, after the row sums.)
         uint32_t p_frag[kMTiles][kBlockN / 16][4];
         convert_p_to_a_fragments<Element, Traits>(p_frag, acc_s);
+        if constexpr (IsDropout) {  // on the packed fragments: after the row sums
+            apply_dropout(p_frag,
+                          DropoutMask{cta.dropout_seed, cta.dropout_stream, params.p_keep_threshold},
+                          frag_row0, n_block * kBlockN, lane);
+        }
 
         // V of this block has landed; every warp is done reading this block's K buffer.
         ptx::cp_async_wait<kGroupsInFlight>();
@@ -355,6 +371,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway
 
     // ---- Epilogue.
+    if constexpr (IsDropout) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= params.rp_keep;
+            }
+        }
+    }
     store_output<Element, Traits>(params, batch, head, m0, acc_o, softmax, log2_scale, smem_q);
 }
 

@@ -1,6 +1,6 @@
 // Host launcher of the sm80 forward kernel (declared in kernels/launch.h). Included by the
 // generated csrc/instantiations/fwd_hdim*_sm80.cu files, one (Element, HeadDim, Causal) each.
-// Runtime features that change the inner loop (softcap, ALiBi) become template parameters
+// Runtime features that change the inner loop (softcap, ALiBi, dropout) become template parameters
 // here through static_switch.h; everything else (window, varlen, sequence ends, GQA) is read
 // from the params at run time.
 #pragma once
@@ -22,8 +22,9 @@ namespace flash_cuda {
 
 namespace sm80 {
 
-// Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap variants
-// (they keep more values live in the score loop, so a head dim may give them a smaller tile).
+// Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap / dropout
+// variants (they keep more values live in the score loop, so a head dim may give them a smaller
+// tile). Dropout (p_keep < 1) is a template flag: the kernels without it are unchanged.
 template <typename Element, typename Traits, typename BiasTraits, bool Causal>
 void launch_fwd(FwdParams& params, cudaStream_t stream) {
     if (params.seqlen_q <= 0 || params.b <= 0 || params.h <= 0) return;
@@ -37,18 +38,22 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
     // ALiBi path (natural-log scores, slope 0 without slopes) keeps the softmax well defined.
     const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
                            (!has_softcap && !(params.scale_softmax > 0.f));
+    const bool is_dropout = params.p_keep < 1.f;
     BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
         BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
-            using KernelTraits = std::conditional_t<kHasAlibi || kHasSoftcap, BiasTraits, Traits>;
-            auto kernel =
-                &sm80::mha_fwd_sm80_kernel<Element, KernelTraits, Causal, kHasAlibi, kHasSoftcap>;
-            constexpr int kSmemBytes = KernelTraits::kSmemBytes;
-            reserve_dynamic_smem(kernel, kSmemBytes, "forward kernel");
-            const int num_m_blocks =
-                (params.seqlen_q + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM;
-            const dim3 grid(num_m_blocks, params.b, params.h);
-            kernel<<<grid, KernelTraits::kNThreads, kSmemBytes, stream>>>(params);
-            FLASH_CUDA_CHECK_LAUNCH();
+            BOOL_SWITCH(is_dropout, kIsDropout, [&] {
+                using KernelTraits =
+                    std::conditional_t<kHasAlibi || kHasSoftcap || kIsDropout, BiasTraits, Traits>;
+                auto kernel = &sm80::mha_fwd_sm80_kernel<Element, KernelTraits, Causal, kHasAlibi,
+                                                         kHasSoftcap, kIsDropout>;
+                constexpr int kSmemBytes = KernelTraits::kSmemBytes;
+                reserve_dynamic_smem(kernel, kSmemBytes, "forward kernel");
+                const int num_m_blocks =
+                    (params.seqlen_q + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM;
+                const dim3 grid(num_m_blocks, params.b, params.h);
+                kernel<<<grid, KernelTraits::kNThreads, kSmemBytes, stream>>>(params);
+                FLASH_CUDA_CHECK_LAUNCH();
+            });
         });
     });
 }
