@@ -11,6 +11,7 @@
 #include "flash_api.h"
 #include "op_prologue.h"
 #include "kernels/launch.h"
+#include "kernels/philox.cuh"
 #include "reference/reference.h"
 
 #include <cmath>
@@ -143,12 +144,44 @@ void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_FWD_CASE
 }
 
-// Whether a hand-written forward kernel handles this call (else: reference fallback).
-bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim, double dropout_p,
+// Whether a hand-written forward kernel handles this call (else: reference fallback). Dropout
+// runs in the kernels; return_softmax (S_dmask, a debugging output) takes the reference, which
+// draws the same mask.
+bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim, double /*dropout_p*/,
                        bool return_softmax) {
     const int hd = kernel_head_dim(head_dim);
-    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && dropout_p == 0.0 &&
-           !return_softmax;
+    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && !return_softmax;
+}
+
+// The reference draws the dropout mask on the host: it cannot run inside CUDA graph capture,
+// where the seed exists only on the device.
+void check_reference_can_drop(const CheckedCall& call) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!call.philox.on_device(),
+                                "flash_cuda: dropout inside CUDA graph capture is supported on "
+                                "the kernel path only (not for this head dim / feature / "
+                                "return_attn_probs=True)");
+}
+
+// Dropout fields of the params (philox.cuh's mask); p_keep = 1 leaves the kernels dropout-free.
+void set_dropout_params(FwdParams& p, double dropout_p, const PhiloxSeed& philox) {
+    if (!(dropout_p > 0.0)) return;
+    p.p_keep = static_cast<float>(1.0 - dropout_p);
+    p.p_keep_threshold = dropout_keep_threshold(p.p_keep);
+    p.rp_keep = static_cast<float>(1.0 / (1.0 - dropout_p));
+    p.philox_seed = philox.seed;
+    p.philox_offset = philox.offset;
+    p.philox_seed_ptr = philox.seed_ptr;
+    p.philox_offset_ptr = philox.offset_ptr;
+    p.philox_offset_intragraph = philox.offset_intragraph;
+}
+
+// The rng_state output of a kernel forward: filled here from the host values, or (seed on the
+// device: graph capture) zeros that the kernel overwrites with the values it used.
+at::Tensor kernel_rng_state(const at::Tensor& q, const CheckedCall& call, FwdParams& p) {
+    if (!call.philox.on_device()) return rng_state_tensor(q, call.opts);
+    at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));
+    p.rng_state = rng_state.data_ptr<int64_t>();
+    return rng_state;
 }
 
 // Tuning builds (FLASH_CUDA_FWD_TUNING=1 at build time): FLASH_CUDA_FWD_TILE picks a tile
@@ -236,8 +269,9 @@ bool bwd_kernel_covers(const at::Tensor& q, const AttnDims& dims,
     const OptTensor& alibi_slopes = opts.alibi_slopes;
     if (!bwd_kernel_enabled()) return false;
     const int hd = kernel_head_dim(dims.head_dim);
+    (void)dropout_p;  // dropout: the kernel replays the forward's mask (dropout.cuh)
     return (hd == 64 || hd == 128) && head_dim_built(hd) && device_has_sm80_kernels(q) &&
-           dropout_p == 0.0 && !(softcap > 0.0) && !alibi_slopes.has_value() && !deterministic &&
+           !(softcap > 0.0) && !alibi_slopes.has_value() && !deterministic &&
            dims.seqlen_q > 0 && dims.seqlen_k > 0 && dims.batch > 0 && dims.batch <= 65535 &&
            dims.heads <= 65535 && std::isfinite(softmax_scale);
 }
@@ -269,7 +303,8 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 // The sm80 backward kernel path of mha_bwd_cuda (bwd_kernel_covers() holds).
 BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& softmax_lse,
-                     const AttnDims& dims, const reference::AttnOptions& opts) {
+                     const AttnDims& dims, const reference::AttnOptions& opts,
+                     const PhiloxSeed& philox) {
     const at::Tensor q_p = pad_head_dim(q), k_p = pad_head_dim(k), v_p = pad_head_dim(v);
     const at::Tensor out_p = pad_head_dim(out), dout_p = pad_head_dim(dout);
     const at::Tensor lse = softmax_lse.contiguous();
@@ -280,6 +315,7 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
 
     BwdParams params{};
     set_fwd_params(params, dims, q_p, k_p, v_p, out_p, lse, opts);
+    set_dropout_params(params, opts.dropout_p, philox);
     const int64_t hd = params.d_rounded;
     const auto f32 = q.options().dtype(at::kFloat);
     at::Tensor dq_accum = at::zeros({dims.batch, dims.heads, params.seqlen_q_rounded, hd}, f32);
@@ -327,6 +363,7 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
     if (!fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax)) {
+        check_reference_can_drop(call);
         auto [out, lse, s_dmask] = reference::fwd(q, k, v, call.opts, return_softmax);
         return {out, lse, s_dmask, rng_state_tensor(q, call.opts)};
     }
@@ -336,6 +373,8 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));
     FwdParams params;
     set_fwd_params(params, dims, q_p, k_p, v_p, out, lse, call.opts);
+    set_dropout_params(params, dropout_p, call.philox);
+    at::Tensor rng_state_out = kernel_rng_state(q, call, params);
     if (dims.seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {
@@ -343,7 +382,7 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         });
     }
     out = unpad_head_dim(out, dims.head_dim);
-    return {out, lse, at::empty({0}, q.options()), rng_state_tensor(q, call.opts)};
+    return {out, lse, at::empty({0}, q.options()), rng_state_out};
 }
 
 FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -363,6 +402,7 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     const bool kernel = fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax) &&
                         !block_table.has_value();
     if (!kernel) {
+        check_reference_can_drop(call);
         auto [out, lse, s_dmask] =
             reference::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
                                   max_seqlen_q, max_seqlen_k, call.opts, return_softmax);
@@ -378,6 +418,8 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     params.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
     params.seqused_k = seqused_k.has_value() ? seqused_k->data_ptr<int>() : nullptr;
     params.unpadded_lse = true;
+    set_dropout_params(params, dropout_p, call.philox);
+    at::Tensor rng_state_out = kernel_rng_state(q, call, params);
     if (dims.total_q > 0 && max_seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {
@@ -385,7 +427,7 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         });
     }
     out = unpad_head_dim(out, dims.head_dim);
-    return {out, lse, at::empty({0}, q.options()), rng_state_tensor(q, call.opts)};
+    return {out, lse, at::empty({0}, q.options()), rng_state_out};
 }
 
 BwdResult mha_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -400,8 +442,9 @@ BwdResult mha_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, con
     // The sm80 kernel where it covers the call (FLASH_CUDA_BWD_KERNEL=0 turns it off); else the
     // exact reference, deterministic.
     if (bwd_kernel_covers(q, call.dims, call.opts, deterministic)) {
-        return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts);
+        return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts, call.philox);
     }
+    check_reference_can_drop(call);
     return reference::bwd(dout, q, k, v, out, softmax_lse, call.opts);
 }
 
@@ -418,6 +461,7 @@ BwdResult mha_varlen_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor&
         max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
         softcap, rng_state);
     c10::cuda::CUDAGuard guard(q.device());
+    check_reference_can_drop(call);
     return reference::varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                  max_seqlen_q, max_seqlen_k, call.opts);
 }

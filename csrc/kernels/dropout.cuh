@@ -124,4 +124,49 @@ __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKStep
     }
 }
 
+// Backward: keep bits of the P^T fragments s[kKeyTiles][kQTiles8][4] of bwd.cuh (rows are keys):
+// element (mt, nt, 2 half + c), key key_slice0 + 16 mt + 8 half + lane / 4 and query
+// query0 + 8 nt + 2 (lane % 4) + c, is kept iff bit 4 (nt % 8) + 2 half + c of keep[mt][nt / 8].
+// key_slice0 = first key of the warp's slice (a multiple of 16), query0 = first query of the
+// block. The 8 keys of a group (one draw) lie in the 8 lanes of a column (lane / 4), so a draw
+// is shared by 8 lanes: lane (g, t) draws the queries 8 g + 2t + c (c = 0, 1) of both 8-key
+// halves of a 16-key tile once, turns them into a 32-bit keep mask (bit 16 half + 8 c + key % 8)
+// and every lane reads the masks of its queries with one shuffle per 8-query tile.
+template <int kKeyTiles, int kQTiles8>
+__device__ __forceinline__ void dropout_keep_bits_transposed(
+    uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], const DropoutMask& mask, int key_slice0,
+    int query0, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+        for (int u = 0; u < (kQTiles8 + 7) / 8; ++u) {
+            uint32_t drawn = 0;  // bit 16 half + 8 c + k: key group half, query 8 (8u + g) + 2t + c
+#pragma unroll 1
+            for (int hc = 0; hc < 4; ++hc) {
+                const int half = hc / 2, c = hc % 2;
+                const uint32_t query = static_cast<uint32_t>(query0 + 8 * (8 * u + g) + 2 * t + c);
+                const uint32_t group = static_cast<uint32_t>((key_slice0 + 16 * mt + 8 * half) / 8);
+                const Philox4 r = mask.draws(query, group);
+                const uint32_t words[4] = {r.x, r.y, r.z, r.w};
+                uint32_t m = 0;
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const uint32_t lane16 = (k & 1) ? (words[k / 2] >> 16) : (words[k / 2] & 0xFFFFu);
+                    m |= (lane16 < mask.threshold ? 1u : 0u) << k;
+                }
+                drawn |= m << (8 * hc);
+            }
+            uint32_t bits = 0;
+#pragma unroll
+            for (int n8 = 0; n8 < 8 && 8 * u + n8 < kQTiles8; ++n8) {
+                const uint32_t v = __shfl_sync(0xffffffffu, drawn, 4 * n8 + t);
+#pragma unroll
+                for (int hc = 0; hc < 4; ++hc) bits |= ((v >> (8 * hc + g)) & 1u) << (4 * n8 + hc);
+            }
+            keep[mt][u] = bits;
+        }
+    }
+}
+
 }  // namespace flash_cuda

@@ -2,7 +2,8 @@
 
 `run_bwd_emulated(dout, q, k, v, out, lse, ...)` pads the head dim to a multiple of 8, writes the
 inputs (raw storage + strides), runs the emulator binary for the kernel head dim and returns
-(dq, dk, dv) like torch.ops.flash_cuda.bwd (fixed length, no softcap / ALiBi / dropout).
+(dq, dk, dv) like torch.ops.flash_cuda.bwd (fixed length, no softcap / ALiBi; dropout with
+dropout_p and the forward's rng_state = (seed, offset)).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ BWD_HEAD_DIMS = (64, 128)
 
 
 def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window=(-1, -1),
-                     timeout=1800):
+                     dropout_p=0.0, rng_state=None, philox_on_device=False, timeout=1800):
     d = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
@@ -37,6 +38,10 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
             "hk": hk, "sq": sq, "sk": sk, "d": dp, "scale": repr(float(softmax_scale)),
             "window_left": left, "window_right": right, "causal": int(causal),
         }
+        if dropout_p > 0:
+            seed, offset = (int(x) & ((1 << 64) - 1) for x in rng_state)
+            params.update(dropout_p=repr(float(dropout_p)), philox_seed=seed, philox_offset=offset,
+                          philox_on_device=int(philox_on_device))
         for name, t in (("q", q), ("k", k), ("v", v), ("o", out), ("do", dout)):
             offset, strides = _write_storage(tmp / f"{name}.bin", t)
             params[f"{name}_offset"] = offset

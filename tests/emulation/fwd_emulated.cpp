@@ -38,6 +38,19 @@ void run(FwdParams& params) {
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] { kernel(params); });
     };
     using namespace flash_cuda::sm80;
+    if (params.p_keep < 1.f) {  // dropout (the variant choice of fwd_launch.cuh: BiasTraits)
+        using DTraits = flash_cuda::sm80::bias_traits_t<flash_cuda::sm80::FwdConfig<EMU_HEAD_DIM>>;
+        const dim3 dgrid((params.seqlen_q + DTraits::kBlockM - 1) / DTraits::kBlockM, params.b,
+                         params.h);
+        auto dgo = [&](auto kernel) {
+            emu::launch(dgrid, DTraits::kNThreads, DTraits::kSmemBytes, [&] { kernel(params); });
+        };
+        if (has_softcap && has_alibi) dgo(&mha_fwd_sm80_kernel<Element, DTraits, Causal, true, true, true>);
+        else if (has_softcap) dgo(&mha_fwd_sm80_kernel<Element, DTraits, Causal, false, true, true>);
+        else if (has_alibi) dgo(&mha_fwd_sm80_kernel<Element, DTraits, Causal, true, false, true>);
+        else dgo(&mha_fwd_sm80_kernel<Element, DTraits, Causal, false, false, true>);
+        return;
+    }
     if (has_softcap && has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, true>);
     else if (has_softcap) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, false, true>);
     else if (has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, false>);
@@ -111,6 +124,30 @@ int main(int argc, char** argv) {
     }
     if (has_used) p.seqused_k = reinterpret_cast<int*>(used_k.data);
     p.is_seqlens_k_cumulative = true;
+    // Dropout (optional keys): dropout_p, philox_seed, philox_offset; philox_on_device 1 passes
+    // them through device pointers (the CUDA-graph path) and has the kernel write rng_state.
+    p.p_keep = 1.f;
+    p.rp_keep = 1.f;
+    p.p_keep_threshold = 65536u;
+    int64_t philox_values[2] = {0, 0};
+    int64_t rng_state_out[2] = {-1, -1};
+    if (kv.count("dropout_p") && std::stod(kv.at("dropout_p")) > 0.0) {
+        const double dropout_p = std::stod(kv.at("dropout_p"));
+        p.p_keep = static_cast<float>(1.0 - dropout_p);
+        p.p_keep_threshold = flash_cuda::dropout_keep_threshold(p.p_keep);
+        p.rp_keep = static_cast<float>(1.0 / (1.0 - dropout_p));
+        p.philox_seed = std::stoull(kv.at("philox_seed"));
+        p.philox_offset = std::stoull(kv.at("philox_offset"));
+        if (kv.count("philox_on_device") && geti("philox_on_device") != 0) {
+            philox_values[0] = static_cast<int64_t>(p.philox_seed);
+            philox_values[1] = static_cast<int64_t>(p.philox_offset) - 5;
+            p.philox_seed_ptr = &philox_values[0];
+            p.philox_offset_ptr = &philox_values[1];
+            p.philox_offset_intragraph = 5;
+            p.philox_seed = p.philox_offset = 0;  // must not be used
+            p.rng_state = rng_state_out;
+        }
+    }
 
     // Output: contiguous (b, sq, h, d) or (total_q, h, d); lse (b, h, sq) or (h, total_q).
     const long long rows = varlen ? p.total_q : static_cast<long long>(p.b) * p.seqlen_q;
@@ -136,6 +173,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "emulation error: write outside o / lse\n");
         return 3;
     }
+    write_file(dir + "/rng_state.bin", rng_state_out, sizeof(rng_state_out));
     write_file(dir + "/o.bin", o.data(), o.size);
     write_file(dir + "/lse.bin", lse.data(), lse.size);
     return 0;

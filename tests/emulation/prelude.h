@@ -148,3 +148,14 @@ inline uint32_t __shfl_xor_sync(unsigned mask, uint32_t value, int lane_mask) {
     std::memcpy(&out, &r, 4);
     return out;
 }
+
+inline uint32_t __shfl_sync(unsigned /*mask*/, uint32_t value, int src_lane) {
+    emu::WarpContext& w = emu::warp();
+    const int lane = emu::lane();
+    std::memcpy(&w.words[lane][0], &value, 4);
+    w.barrier.arrive_and_wait();
+    uint32_t other;
+    std::memcpy(&other, &w.words[src_lane & 31][0], 4);
+    w.barrier.arrive_and_wait();
+    return other;
+}

@@ -19,7 +19,7 @@
 //      dk_accum (fixed order: bitwise reproducible), dv likewise without the scale; converted to
 //      Element and written with the output strides.
 // Rows with no visible key have lse = +inf: P = 0 there, so their gradients are 0.
-// Not handled here (the host routes them to the reference): varlen, softcap, ALiBi, dropout,
+// Not handled here (the host routes them to the reference): varlen, softcap, ALiBi,
 // deterministic dQ.
 #pragma once
 
@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/dropout.cuh"
 #include "kernels/mask.cuh"
 #include "kernels/params.h"
 #include "kernels/ptx.cuh"
@@ -172,7 +173,9 @@ __device__ __forceinline__ void warp_gemm_dq(float (&acc)[Traits::kDqDTiles][4],
     });
 }
 
-template <typename Element, typename Traits, bool Causal>
+// IsDropout: P is dropped with the forward's mask (dropout.cuh): dV += (P o M / p_keep)^T dO,
+// dZ = P o (dP o M / p_keep - D), with D = rowsum(dO o O) of the dropped output.
+template <typename Element, typename Traits, bool Causal, bool IsDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_bwd_sm80_kernel(const __grid_constant__ BwdParams params) {
     constexpr int kBlockM = Traits::kBlockM;
@@ -270,6 +273,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                   do_head + static_cast<int64_t>(m0) * params.do_row_stride,
                                   params.do_row_stride, valid_q, params.d, tid);
         ptx::cp_async_commit();
+        uint32_t keep[kKeyTiles][(kQTiles8 + 7) / 8];  // dropout: kept P^T elements
+        if constexpr (IsDropout) {
+            dropout_keep_bits_transposed<kKeyTiles, kQTiles8>(keep, DropoutMask::make(params, bh),
+                                                              n0 + warp_key0, m0, lane);
+        }
         for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
             const bool ok = r < valid_q;
             smem_lse[r] = ok ? lse_head[m0 + r] * static_cast<float>(M_LOG2E) : INFINITY;
@@ -314,8 +322,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                         const float p =
                             visible ? ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -lse_log2))
                                     : 0.f;
-                        acc_s[mt][nt][e] = p;
-                        acc_dp[mt][nt][e] = p * (acc_dp[mt][nt][e] - dsum);
+                        float dp = acc_dp[mt][nt][e];
+                        float p_dv = p;  // P in dV += P^T dO (dropped and scaled)
+                        if constexpr (IsDropout) {
+                            const bool kept = (keep[mt][nt / 8] >> (4 * (nt % 8) + e)) & 1u;
+                            p_dv = kept ? p * params.rp_keep : 0.f;
+                            dp = kept ? dp * params.rp_keep : 0.f;
+                        }
+                        acc_s[mt][nt][e] = p_dv;
+                        acc_dp[mt][nt][e] = p * (dp - dsum);
                     }
                 }
             }

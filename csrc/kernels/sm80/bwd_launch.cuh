@@ -3,7 +3,8 @@
 // The caller (flash_api.cpp) provides: dq_accum_ptr zeroed fp32 (b, h, seqlen_q_rounded,
 // HeadDim); dk_accum_ptr / dv_accum_ptr fp32 (b, h, seqlen_k_rounded, HeadDim) (fully written
 // here); dsoftmax_sum fp32 (b, h, seqlen_q_rounded); seqlen_*_rounded multiples of 128.
-// Fixed length, no softcap / ALiBi / dropout (the host routes those to the reference).
+// Fixed length, no softcap / ALiBi (the host routes those to the reference); dropout
+// (p_keep < 1) is a template flag of the main kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm80/bwd.cuh"
+#include "kernels/static_switch.h"
 
 namespace flash_cuda {
 
@@ -36,13 +38,15 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         FLASH_CUDA_CHECK_LAUNCH();
     }
     if (params.seqlen_k > 0) {
-        auto kernel = &sm80::mha_bwd_sm80_kernel<Element, Traits, Causal>;
-        constexpr int kSmemBytes = Traits::kSmemBytes;
-        reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel");
-        const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b,
-                        params.h);
-        kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
-        FLASH_CUDA_CHECK_LAUNCH();
+        BOOL_SWITCH(params.p_keep < 1.f, kIsDropout, [&] {
+            auto kernel = &sm80::mha_bwd_sm80_kernel<Element, Traits, Causal, kIsDropout>;
+            constexpr int kSmemBytes = Traits::kSmemBytes;
+            reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel");
+            const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b,
+                            params.h);
+            kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+            FLASH_CUDA_CHECK_LAUNCH();
+        });
     }
     {
         const int64_t n = static_cast<int64_t>(params.b) * params.seqlen_q * params.h * params.d;
