@@ -38,17 +38,17 @@ void run(FwdParams& params) {
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] { kernel(params); });
     };
     using namespace flash_cuda::sm80;
-    if (params.p_keep < 1.f) {  // dropout (the variant choice of fwd_launch.cuh: BiasTraits)
-        using DTraits = flash_cuda::sm80::bias_traits_t<flash_cuda::sm80::FwdConfig<EMU_HEAD_DIM>>;
-        const dim3 dgrid((params.seqlen_q + DTraits::kBlockM - 1) / DTraits::kBlockM, params.b,
-                         params.h);
-        auto dgo = [&](auto kernel) {
-            emu::launch(dgrid, DTraits::kNThreads, DTraits::kSmemBytes, [&] { kernel(params); });
+    if (params.p_keep < 1.f) {  // dropout: the tiles of fwd_launch.cuh (BiasTraits with a bias)
+        auto dgo = [&](auto traits, auto kernel) {
+            using T = decltype(traits);
+            const dim3 dgrid((params.seqlen_q + T::kBlockM - 1) / T::kBlockM, params.b, params.h);
+            emu::launch(dgrid, T::kNThreads, T::kSmemBytes, [&] { kernel(params); });
         };
-        if (has_softcap && has_alibi) dgo(&mha_fwd_sm80_kernel<Element, DTraits, Causal, true, true, true>);
-        else if (has_softcap) dgo(&mha_fwd_sm80_kernel<Element, DTraits, Causal, false, true, true>);
-        else if (has_alibi) dgo(&mha_fwd_sm80_kernel<Element, DTraits, Causal, true, false, true>);
-        else dgo(&mha_fwd_sm80_kernel<Element, DTraits, Causal, false, false, true>);
+        using BTraits = bias_traits_t<FwdConfig<EMU_HEAD_DIM>>;
+        if (has_softcap && has_alibi) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, true, true, true>);
+        else if (has_softcap) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, false, true, true>);
+        else if (has_alibi) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, true, false, true>);
+        else dgo(Traits{}, &mha_fwd_sm80_kernel<Element, Traits, Causal, false, false, true>);
         return;
     }
     if (has_softcap && has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, true>);

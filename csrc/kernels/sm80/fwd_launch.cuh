@@ -22,9 +22,10 @@ namespace flash_cuda {
 
 namespace sm80 {
 
-// Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap / dropout
-// variants (they keep more values live in the score loop, so a head dim may give them a smaller
-// tile). Dropout (p_keep < 1) is a template flag: the kernels without it are unchanged.
+// Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap variants
+// (they keep more values live in the score loop, so a head dim may give them a smaller tile).
+// Dropout (p_keep < 1) is a template flag (the kernels without it are unchanged); it fits the
+// same tiles without spills (dropout.cuh works on the packed P fragments).
 template <typename Element, typename Traits, typename BiasTraits, bool Causal>
 void launch_fwd(FwdParams& params, cudaStream_t stream) {
     if (params.seqlen_q <= 0 || params.b <= 0 || params.h <= 0) return;
@@ -43,7 +44,7 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
         BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
             BOOL_SWITCH(is_dropout, kIsDropout, [&] {
                 using KernelTraits =
-                    std::conditional_t<kHasAlibi || kHasSoftcap || kIsDropout, BiasTraits, Traits>;
+                    std::conditional_t<kHasAlibi || kHasSoftcap, BiasTraits, Traits>;
                 auto kernel = &sm80::mha_fwd_sm80_kernel<Element, KernelTraits, Causal, kHasAlibi,
                                                          kHasSoftcap, kIsDropout>;
                 constexpr int kSmemBytes = KernelTraits::kSmemBytes;
