@@ -156,7 +156,7 @@ bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim, double /*dropout_p
 // The reference draws the dropout mask on the host: it cannot run inside CUDA graph capture,
 // where the seed exists only on the device.
 void check_reference_can_drop(const CheckedCall& call) {
-    TORCH_CHECK_NOT_IMPLEMENTED(!call.philox.on_device(),
+    TORCH_CHECK_NOT_IMPLEMENTED(!(call.opts.dropout_p > 0.0 && call.philox.on_device()),
                                 "flash_cuda: dropout inside CUDA graph capture is supported on "
                                 "the kernel path only (not for this head dim / feature / "
                                 "return_attn_probs=True)");
@@ -178,7 +178,9 @@ void set_dropout_params(FwdParams& p, double dropout_p, const PhiloxSeed& philox
 // The rng_state output of a kernel forward: filled here from the host values, or (seed on the
 // device: graph capture) zeros that the kernel overwrites with the values it used.
 at::Tensor kernel_rng_state(const at::Tensor& q, const CheckedCall& call, FwdParams& p) {
-    if (!call.philox.on_device()) return rng_state_tensor(q, call.opts);
+    if (!(call.opts.dropout_p > 0.0 && call.philox.on_device())) {
+        return rng_state_tensor(q, call.opts);
+    }
     at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));
     p.rng_state = rng_state.data_ptr<int64_t>();
     return rng_state;

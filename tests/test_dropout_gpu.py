@@ -22,6 +22,7 @@ Specification (DESIGN.md sections 4, 9; issue 4):
 
 from __future__ import annotations
 
+import itertools
 import os
 
 os.environ["FLASH_CUDA_BWD_KERNEL"] = "1"  # before the first op call (read once)
@@ -190,10 +191,8 @@ def test_varlen_dropout():
     torch.manual_seed(11)
     lens_q, lens_k = [17, 0, 130, 64], [40, 5, 129, 64]
     h, hk, d = 4, 2, 64
-    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
-                        device="cuda")
-    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32,
-                        device="cuda")
+    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device="cuda")
     q = torch.randn(sum(lens_q), h, d, dtype=torch.float16, device="cuda")
     k = torch.randn(sum(lens_k), hk, d, dtype=torch.float16, device="cuda")
     v = torch.randn(sum(lens_k), hk, d, dtype=torch.float16, device="cuda")

@@ -115,6 +115,37 @@ def check_fwd(dtype, d, sq, sk, h, hk, p, causal=False, window=(-1, -1), softcap
     return ok and lse_ok, msg + f" lse {'ok' if lse_ok else 'FAIL'}"
 
 
+def check_varlen_fwd(dtype, d, lens_q, lens_k, h, hk, p, causal=False, seed=0):
+    """varlen: rows / keys relative to each sequence, sequence index as the batch of the mask."""
+    torch.manual_seed(seed)
+    cu = lambda lens: torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))],  # noqa: E731
+                                   dtype=torch.int32)
+    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    q = torch.randn(sum(lens_q), h, d, dtype=dtype)
+    k = torch.randn(sum(lens_k), hk, d, dtype=dtype)
+    v = torch.randn(sum(lens_k), hk, d, dtype=dtype)
+    rs = rng_state_for(seed)
+    mq, mk = max(lens_q), max(lens_k)
+    out, lse = run_fwd_emulated(q, k, v, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                max_seqlen_q=mq, max_seqlen_k=mk, dropout_p=p, rng_state=rs)
+    ref, lse_ref, s_dmask, _ = ops.varlen_fwd(q.double(), k.double(), v.double(), cu_q, cu_k, None,
+                                              None, None, mq, mk, p, d ** -0.5, causal, -1,
+                                              0 if causal else -1, 0.0, True, rs)
+    pt = torch.zeros_like(q)
+    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        if lq == 0:
+            continue
+        sl_q, sl_k = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        keep = ~torch.signbit(s_dmask[i:i + 1, :, :lq, :lk])
+        pt[sl_q] = naive_attention(q[None, sl_q], k[None, sl_k], v[None, sl_k], causal=causal,
+                                   dropout_keep=keep, dropout_p=p)[0][0]
+    ok, msg = close("out", out, ref, pt, 2)
+    fin = torch.isfinite(lse_ref)
+    lse_ok = torch.equal(fin, torch.isfinite(lse)) and (
+        (lse[fin].double() - lse_ref[fin]).abs().max().item() <= 1e-4)
+    return ok and lse_ok, msg + f" lse {'ok' if lse_ok else 'FAIL'}"
+
+
 def grads(q, k, v, dout, **kw):
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     out, _ = naive_attention(q, k, v, **kw)
@@ -155,13 +186,15 @@ def main():
         (check_fwd, (b16, 128, 70, 113, 4, 1, 0.5), dict(causal=True, seed=4)),
         (check_fwd, (f16, 59, 17, 40, 2, 1, 0.3), dict(window=(17, 5), on_device=True, seed=5)),
         (check_fwd, (b16, 64, 33, 70, 2, 2, 0.2), dict(softcap=5.0, alibi=True, seed=6)),
+        (check_varlen_fwd, (b16, 64, [17, 0, 130, 64], [40, 5, 129, 64], 4, 2, 0.4),
+         dict(causal=True, seed=11)),
         (check_bwd, (f16, 64, 113, 203, 2, 2, 0.17), dict(seed=7)),
         (check_bwd, (b16, 128, 70, 113, 4, 1, 0.5), dict(causal=True, seed=8)),
         (check_bwd, (f16, 64, 70, 40, 2, 1, 0.3), dict(window=(17, 5), on_device=True, seed=9)),
         (check_bwd, (b16, 128, 1, 17, 2, 2, 0.4), dict(seed=10)),
     ]
     if quick:
-        cases = cases[:2] + cases[6:7]
+        cases = cases[:2] + cases[6:8]
     failures = 0
     for fn, args, kw in cases:
         t = time.time()
