@@ -186,6 +186,10 @@ def main():
         (check_fwd, (b16, 128, 70, 113, 4, 1, 0.5), dict(causal=True, seed=4)),
         (check_fwd, (f16, 59, 17, 40, 2, 1, 0.3), dict(window=(17, 5), on_device=True, seed=5)),
         (check_fwd, (b16, 64, 33, 70, 2, 2, 0.2), dict(softcap=5.0, alibi=True, seed=6)),
+        (check_fwd, (f16, 32, 70, 113, 2, 1, 0.3), dict(causal=True, seed=12)),
+        (check_fwd, (b16, 96, 113, 70, 2, 2, 0.5), dict(window=(30, 10), seed=13)),
+        (check_fwd, (b16, 160, 17, 90, 2, 2, 0.4), dict(seed=14)),
+        (check_mask, (f16, 256, 40, 200, 2, 1, 0.3), dict(seed=15)),
         (check_varlen_fwd, (b16, 64, [17, 0, 130, 64], [40, 5, 129, 64], 4, 2, 0.4),
          dict(causal=True, seed=11)),
         (check_bwd, (f16, 64, 113, 203, 2, 2, 0.17), dict(seed=7)),
@@ -194,7 +198,7 @@ def main():
         (check_bwd, (b16, 128, 1, 17, 2, 2, 0.4), dict(seed=10)),
     ]
     if quick:
-        cases = cases[:2] + cases[6:8]
+        cases = cases[:2] + cases[10:12]
     failures = 0
     for fn, args, kw in cases:
         t = time.time()
