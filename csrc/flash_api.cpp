@@ -232,11 +232,9 @@ void set_fwd_params(FwdParams& p, const AttnDims& dims, const at::Tensor& q, con
     p.seqlen_q_rounded = static_cast<int>((dims.seqlen_q + 127) / 128 * 128);
     p.seqlen_k_rounded = static_cast<int>((dims.seqlen_k + 127) / 128 * 128);
     p.total_q = static_cast<int>(dims.total_q);
-    p.softcap = static_cast<float>(opts.softcap);
     // With softcap the kernel computes softcap * tanh(s * (scale / softcap)); the scale is then
     // applied inside the tanh and the log2(e) factor after it.
-    p.scale_softmax = static_cast<float>(opts.softmax_scale);
-    p.scale_softmax_log2 = static_cast<float>(opts.softmax_scale * M_LOG2E);
+    set_score_scales(p, static_cast<float>(opts.softmax_scale), static_cast<float>(opts.softcap));
     p.window_size_left = static_cast<int>(mask.window_left);
     p.window_size_right = static_cast<int>(mask.window_right);
     p.is_causal = mask.causal;

@@ -2,6 +2,7 @@
 # Forward tile tuning on the GPU machine, one device call: a tuning build (every variant of
 # csrc/kernels/sm80/tune_configs.h compiled in), the forward GPU tests under each variant, and
 # the forward grid for each variant (flash_cuda alone), then once with the peers (variant 0).
+# TUNE_TEST_ARGS: extra pytest arguments for the per-variant test runs (e.g. -k).
 # Prints one compact table per variant. Needs $OUT. Head dims/seqlens via TUNE_BENCH_ARGS.
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
@@ -12,10 +13,11 @@ FLASH_CUDA_FWD_TUNING=1 SKIP_BENCH=1 PYTEST_MAXFAIL=${PYTEST_MAXFAIL:-30} DEADLI
     GPU_TESTS="${GPU_TESTS:-tests/test_fwd_gpu.py tests/test_combine_gpu.py tests/test_ptx_wrappers.py}" \
     bash scripts/gpu_check.sh > "$OUT/check.log" 2>&1
 tail -n 12 "$OUT/check.log"
+eval "targs=(${TUNE_TEST_ARGS:-})"
 for v in ${TUNE_VARIANTS:-1 2 3}; do
     echo "== variant $v: tests"
     FLASH_CUDA_FWD_TILE=$v timeout 90 python3 -m pytest tests/test_fwd_gpu.py -m gpu -q \
-        -p no:cacheprovider --maxfail=5 2>&1 | tail -n 3
+        -p no:cacheprovider --maxfail=5 "${targs[@]}" 2>&1 | tail -n 3
     mkdir -p "$OUT/v$v"
     FLASH_CUDA_FWD_TILE=$v timeout 120 python3 bench/bench_attention.py $ARGS --impls flash_cuda \
         --no-ceilings --out "$OUT/v$v" > "$OUT/v$v/log" 2>&1 || echo "variant $v bench rc $?"

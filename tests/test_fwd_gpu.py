@@ -32,7 +32,7 @@ DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
 SEQLENS = ((1, 1), (1, 239), (113, 203), (128, 217), (256, 512), (1023, 1024), (2048, 2048),
            (512, 256))
-FEATURES = ("plain", "causal", "window", "softcap", "alibi")
+FEATURES = ("plain", "causal", "window", "softcap", "alibi", "alibi_softcap")
 GQA_RATIOS = (1, 4, 8)
 ODD_SEQLENS = (113, 203)
 NUM_SAMPLED = 240
@@ -110,6 +110,9 @@ def feature_options(feature: str, sq: int, sk: int, b: int, h: int, rng: random.
         slopes = torch.tensor([rng.uniform(0.0, 0.5) for _ in range(math.prod(shape))],
                               dtype=torch.float32, device=device).view(shape)
         return {"alibi_slopes": slopes, "causal": rng.random() < 0.5}
+    if feature == "alibi_softcap":  # both at once: their own tile at some head dims
+        return {**feature_options("alibi", sq, sk, b, h, rng, device),
+                **feature_options("softcap", sq, sk, b, h, rng, device)}
     raise ValueError(feature)
 
 

@@ -58,6 +58,10 @@ struct FwdParams : public QKVParams {
     float scale_softmax_log2;
     // softcap > 0: scores become softcap * tanh(scale * s / softcap) before masking.
     float softcap;
+    // Derived by set_score_scales(): scale_softmax / softcap and softcap * log2(e), so the
+    // kernels read them from the constant bank instead of keeping them in registers.
+    float softcap_pre_scale;
+    float softcap_log2;
 
     // varlen: cumulative sequence starts, int32 (b + 1). nullptr for fixed length.
     int* __restrict__ cu_seqlens_q;
@@ -153,5 +157,15 @@ struct BwdParams : public FwdParams {
     bool deterministic;
     int64_t dq_accum_split_stride;
 };
+
+// Sets the softmax scale, the softcap and the factors derived from them (host side).
+inline void set_score_scales(FwdParams& params, float softmax_scale, float softcap) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    params.scale_softmax = softmax_scale;
+    params.scale_softmax_log2 = softmax_scale * kLog2e;
+    params.softcap = softcap;
+    params.softcap_pre_scale = softcap > 0.f ? softmax_scale / softcap : 0.f;
+    params.softcap_log2 = softcap * kLog2e;
+}
 
 }  // namespace flash_cuda

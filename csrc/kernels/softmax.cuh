@@ -10,11 +10,16 @@
 // plain attention; see fwd.cuh for softcap and ALiBi.) Per row and key block:
 //   m_new = max(m_old, max_j s_j)
 //   p_j   = 2^(s_j * log2_scale - m_new * log2_scale)       one FFMA + ex2 per element
-//   l     = l * 2^((m_old - m_new) * log2_scale) + sum_j p_j
+//   l     = l * 2^((m_old - m_new) * log2_scale)             (then l += P 1, see row_sum)
 //   o     = o * 2^((m_old - m_new) * log2_scale)             (then o += P V)
 // Masked scores are -inf and give p = 0; a row whose scores are all -inf so far keeps
 // m = -inf and uses 0 as its exponent offset, so no inf - inf NaN appears. log2_scale > 0.
-// l is summed per thread and reduced over the quad only at the end.
+// l is the sum of P as rounded to 16 bits for P V, computed by the tensor cores as P times a
+// matrix of ones next to P V (warp_gemm.cuh). Out = (P V) / l is then an exact convex
+// combination of the rounded P: a one-hot row gives its value exactly, although its maximum
+// has p = 2^r with r the rounding residual of m_new * log2_scale (|r| ~ 5e-4 at |s| ~ 1e4),
+// which the 16-bit P and an fp32 sum of the unrounded p would each see differently. It also
+// saves the per-element FADD of the sum and the final quad reduction.
 #pragma once
 
 #include <cmath>
@@ -36,7 +41,9 @@ __device__ __forceinline__ float quad_allreduce_sum(float x) {
 template <int kMTiles>
 struct OnlineSoftmax {
     float row_max[kMTiles][2];  // running max of the row's scores (S units); -inf: none yet
-    float row_sum[kMTiles][2];  // this thread's part of sum_j 2^(s_j log2_scale - max log2_scale)
+    // l of rows g and g + 8: whole rows (P times ones sums over all keys of the block), so no
+    // quad reduction is needed.
+    float row_sum[kMTiles][2];
 
     __device__ __forceinline__ void init() {
 #pragma unroll
@@ -51,7 +58,8 @@ struct OnlineSoftmax {
 
     // Folds one key block into the running statistics: turns the scores `s` (kMTiles x kNTiles
     // x 4) into probabilities p (fp32, relative to the new row max) in place and rescales the
-    // output accumulator `o` (kMTiles x kDTiles x 4) to the new max.
+    // output accumulator `o` (kMTiles x kDTiles x 4) and the row sums to the new max; the caller
+    // then adds P V to o and P 1 to row_sum.
     template <int kNTiles, int kDTiles>
     __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
                                            float (&o)[kMTiles][kDTiles][4], float log2_scale) {
@@ -76,17 +84,14 @@ struct OnlineSoftmax {
                         ? 1.f
                         : ptx::exp2_approx((row_max[mt][half] - new_max) * log2_scale);
                 row_max[mt][half] = new_max;
-                float block_sum = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
                     for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                        const float p = ptx::exp2_approx(fmaf(s[mt][nt][e], log2_scale, -max_scaled));
-                        s[mt][nt][e] = p;
-                        block_sum += p;
+                        s[mt][nt][e] = ptx::exp2_approx(fmaf(s[mt][nt][e], log2_scale, -max_scaled));
                     }
                 }
-                row_sum[mt][half] = row_sum[mt][half] * o_scale + block_sum;
+                row_sum[mt][half] *= o_scale;
 #pragma unroll
                 for (int dt = 0; dt < kDTiles; ++dt) {
                     o[mt][dt][2 * half] *= o_scale;
@@ -105,7 +110,7 @@ struct OnlineSoftmax {
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                const float sum = quad_allreduce_sum(row_sum[mt][half]);
+                const float sum = row_sum[mt][half];
                 const bool empty = !(sum > 0.f);  // also catches NaN
                 const float inv_sum = empty ? 0.f : 1.f / sum;
                 lse[mt][half] = empty ? INFINITY

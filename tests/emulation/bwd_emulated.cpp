@@ -111,8 +111,7 @@ int main(int argc, char** argv) {
     p.seqlen_k_rounded = (p.seqlen_k + 127) / 128 * 128;
     p.d = geti("d");
     p.d_rounded = EMU_HEAD_DIM;
-    p.scale_softmax = getf("scale");
-    p.scale_softmax_log2 = p.scale_softmax * static_cast<float>(M_LOG2E);
+    set_score_scales(p, getf("scale"), 0.f);
     p.window_size_left = geti("window_left");
     p.window_size_right = geti("window_right");
     p.is_causal = geti("causal") != 0;

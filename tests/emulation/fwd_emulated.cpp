@@ -45,7 +45,8 @@ void run(FwdParams& params) {
             emu::launch(dgrid, T::kNThreads, T::kSmemBytes, [&] { kernel(params); });
         };
         using BTraits = bias_traits_t<FwdConfig<EMU_HEAD_DIM>>;
-        if (has_softcap && has_alibi) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, true, true, true>);
+        using ATraits = alibi_softcap_traits_t<FwdConfig<EMU_HEAD_DIM>>;
+        if (has_softcap && has_alibi) dgo(ATraits{}, &mha_fwd_sm80_kernel<Element, ATraits, Causal, true, true, true>);
         else if (has_softcap) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, false, true, true>);
         else if (has_alibi) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, true, false, true>);
         else dgo(Traits{}, &mha_fwd_sm80_kernel<Element, Traits, Causal, false, false, true>);
@@ -105,9 +106,7 @@ int main(int argc, char** argv) {
     p.d = geti("d");
     p.d_rounded = EMU_HEAD_DIM;
     p.total_q = geti("total_q");
-    p.scale_softmax = getf("scale");
-    p.scale_softmax_log2 = p.scale_softmax * static_cast<float>(M_LOG2E);
-    p.softcap = getf("softcap");
+    set_score_scales(p, getf("scale"), getf("softcap"));
     p.window_size_left = geti("window_left");
     p.window_size_right = geti("window_right");
     p.is_causal = geti("causal") != 0;

@@ -7,8 +7,10 @@
 //     S = Q K_n^T                fp32 accumulators in registers (warp_gemm.cuh)
 //     softcap / ALiBi / mask     on the fragments (mask.cuh); masking only on edge blocks
 //     online softmax             row max/sum by quad shuffles, O rescaled (softmax.cuh)
-//     dropout (IsDropout)        dropped elements of P zeroed after the row sums (dropout.cuh)
-//     O += P V_n                 P converted in registers into the A operand
+//     O += P V_n, l += P 1       P converted in registers into the A operand; the row sums l
+//                                of the 16-bit P come from the tensor cores (softmax.cuh)
+//     dropout (IsDropout)        dropped elements of P zeroed after the row sums, before P V
+//                                (dropout.cuh); O scaled by 1 / p_keep at the end
 //   O / l -> shared memory (over the Q tile) -> global with 16-byte stores; lse per row.
 // Key blocks run from the last to the first so the blocks that need masking on the causal
 // diagonal / sequence end come first and the rest run without mask code.
@@ -85,6 +87,7 @@ struct CtaScalars {
     int unmasked_keys_end;
     int diag;                 // seqlen_k - seqlen_q
     KeyRange key_range;       // visible keys per query row
+    float alibi_slope;        // this (batch, head)'s ALiBi slope (ALiBi kernels only)
     uint64_t dropout_seed;    // dropout (IsDropout): Philox key and stream of this (batch, head)
     uint64_t dropout_stream;
 };
@@ -262,16 +265,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 
     // ---- Score units: final score = s * score_scale (+ ALiBi); softmax exponent factor.
-    const float softcap_pre_scale = HasSoftcap ? params.scale_softmax / params.softcap : 0.f;
+    // (Straight from the params' constant bank: no registers held through the loop.)
+    const float softcap_pre_scale = HasSoftcap ? params.softcap_pre_scale : 0.f;
     const float score_scale = HasSoftcap ? params.softcap : params.scale_softmax;
-    const float log2_scale = HasAlibi ? static_cast<float>(M_LOG2E)
-                                      : score_scale * static_cast<float>(M_LOG2E);
-    float alibi_slope = 0.f;
-    if constexpr (HasAlibi) {
-        if (params.alibi_slopes_ptr != nullptr) {
-            alibi_slope = reinterpret_cast<const float*>(
-                params.alibi_slopes_ptr)[batch * params.alibi_slopes_batch_stride + head];
-        }
+    const float log2_scale =
+        HasAlibi ? static_cast<float>(M_LOG2E)
+                 : (HasSoftcap ? params.softcap_log2 : params.scale_softmax_log2);
+    if (HasAlibi && tid == 0) {
+        cta.alibi_slope = params.alibi_slopes_ptr == nullptr
+                              ? 0.f
+                              : reinterpret_cast<const float*>(params.alibi_slopes_ptr)
+                                    [batch * params.alibi_slopes_batch_stride + head];
     }
 
     const int n_iters = n_block_max - n_block_min;
@@ -345,7 +349,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int frag_row0 = ptx::opaque(m0 + warp_row0 + lane / 4);
         const int frag_col0 = n_block * kBlockN + 2 * (lane % 4);
         if constexpr (HasAlibi) {
-            apply_alibi(acc_s, score_scale, alibi_slope, frag_row0 + cta.diag, frag_col0);
+            apply_alibi(acc_s, score_scale, cta.alibi_slope, frag_row0 + cta.diag, frag_col0);
         }
         const bool block_needs_mask = (n_block + 1) * kBlockN > cta.unmasked_keys_end ||
                                       n_block * kBlockN < cta.unmasked_keys_begin;
@@ -354,11 +358,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         softmax.update(acc_s, acc_o, log2_scale);
         uint32_t p_frag[kMTiles][kBlockN / 16][4];
         convert_p_to_a_fragments<Element, Traits>(p_frag, acc_s);
-        if constexpr (IsDropout) {  // on the packed fragments: after the row sums
-            apply_dropout(p_frag,
-                          DropoutMask{cta.dropout_seed, cta.dropout_stream, params.p_keep_threshold},
-                          frag_row0, n_block * kBlockN, lane);
-        }
 
         // V of this block has landed; every warp is done reading this block's K buffer.
         ptx::cp_async_wait<kGroupsInFlight>();
@@ -366,6 +365,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (it + kStages < n_iters) load_k(it + kStages, static_cast<const Element*>(cta.k_seq));
         ptx::cp_async_commit();
 
+        warp_gemm_p_rowsum<Element, Traits>(softmax.row_sum, p_frag);
+        if constexpr (IsDropout) {  // on the packed fragments, after the row sums (undropped l)
+            apply_dropout(p_frag,
+                          DropoutMask{cta.dropout_seed, cta.dropout_stream, params.p_keep_threshold},
+                          ptx::opaque(m0 + warp_row0 + lane / 4), n_block * kBlockN, lane);
+        }
         warp_gemm_pv<Element, Traits>(acc_o, p_frag, smem_v + slot * Traits::kSmemKVTileBytes, lane);
     }
     ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway

@@ -23,10 +23,11 @@ namespace flash_cuda {
 namespace sm80 {
 
 // Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap variants
-// (they keep more values live in the score loop, so a head dim may give them a smaller tile).
-// Dropout (p_keep < 1) is a template flag (the kernels without it are unchanged); it fits the
-// same tiles without spills (dropout.cuh works on the packed P fragments).
-template <typename Element, typename Traits, typename BiasTraits, bool Causal>
+// (they keep more values live in the score loop, so a head dim may give them a smaller tile),
+// BothTraits with ALiBi and softcap together. Dropout (p_keep < 1) is a template flag (the
+// kernels without it are unchanged); it runs on the same tiles (dropout.cuh works on the packed
+// P fragments).
+template <typename Element, typename Traits, typename BiasTraits, typename BothTraits, bool Causal>
 void launch_fwd(FwdParams& params, cudaStream_t stream) {
     if (params.seqlen_q <= 0 || params.b <= 0 || params.h <= 0) return;
     if (params.b > 65535 || params.h > 65535) {
@@ -43,8 +44,9 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
     BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
         BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
             BOOL_SWITCH(is_dropout, kIsDropout, [&] {
-                using KernelTraits =
-                    std::conditional_t<kHasAlibi || kHasSoftcap, BiasTraits, Traits>;
+                using KernelTraits = std::conditional_t<
+                    kHasAlibi && kHasSoftcap, BothTraits,
+                    std::conditional_t<kHasAlibi || kHasSoftcap, BiasTraits, Traits>>;
                 auto kernel = &sm80::mha_fwd_sm80_kernel<Element, KernelTraits, Causal, kHasAlibi,
                                                          kHasSoftcap, kIsDropout>;
                 constexpr int kSmemBytes = KernelTraits::kSmemBytes;
@@ -66,7 +68,7 @@ bool launch_tile_variant(FwdParams& params, cudaStream_t stream) {
         if constexpr (FwdTuneConfig<HeadDim, Variant>::kExists) {
             if (params.tile_variant == Variant) {
                 using Traits = typename FwdTuneConfig<HeadDim, Variant>::Traits;
-                launch_fwd<Element, Traits, Traits, Causal>(params, stream);
+                launch_fwd<Element, Traits, Traits, Traits, Causal>(params, stream);
                 return true;
             }
         }
@@ -86,8 +88,8 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
     }
 #endif
     using Config = sm80::FwdConfig<HeadDim>;
-    sm80::launch_fwd<Element, typename Config::Traits, sm80::bias_traits_t<Config>, Causal>(params,
-                                                                                          stream);
+    sm80::launch_fwd<Element, typename Config::Traits, sm80::bias_traits_t<Config>,
+                     sm80::alibi_softcap_traits_t<Config>, Causal>(params, stream);
 }
 
 }  // namespace flash_cuda

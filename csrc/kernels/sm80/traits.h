@@ -78,6 +78,18 @@ struct BiasTraitsOf<Config, std::void_t<typename Config::BiasTraits>> {
 };
 template <typename Config>
 using bias_traits_t = typename BiasTraitsOf<Config>::type;
+// The tile of the kernels with both ALiBi and softcap: Config::AlibiSoftcapTraits where a head
+// dim defines one, else the bias tile.
+template <typename Config, typename = void>
+struct AlibiSoftcapTraitsOf {
+    using type = bias_traits_t<Config>;
+};
+template <typename Config>
+struct AlibiSoftcapTraitsOf<Config, std::void_t<typename Config::AlibiSoftcapTraits>> {
+    using type = typename Config::AlibiSoftcapTraits;
+};
+template <typename Config>
+using alibi_softcap_traits_t = typename AlibiSoftcapTraitsOf<Config>::type;
 // 128 x 128, 4 warps: S 128 + O 32 floats. 40 KB.
 template <> struct FwdConfig<32> { using Traits = FwdTraits<32, 128, 128, 4, 2>; };
 // 128 x 128, 4 warps: S 128 + O 64 floats, 80 KB; 5-8% faster than 128 x 64 on the H200
@@ -90,16 +102,25 @@ template <> struct FwdConfig<64> {
 // 128 x 64, 4 warps: S 64 + O 96 floats. 72 KB.
 template <> struct FwdConfig<96> { using Traits = FwdTraits<96, 128, 64, 4, 2>; };
 // 128 x 64, 4 warps: S 64 + O 128 floats (255 registers, no spills). 96 KB: 2 CTAs per
-// H100/H200 SM.
-template <> struct FwdConfig<128> { using Traits = FwdTraits<128, 128, 64, 4, 2>; };
-// 128 x 64, 8 warps: S 32 + O 80 floats. 120 KB.
-template <> struct FwdConfig<160> { using Traits = FwdTraits<160, 128, 64, 8, 2>; };
-// 128 x 64, 8 warps: S 32 + O 96 floats. 144 KB.
-template <> struct FwdConfig<192> { using Traits = FwdTraits<192, 128, 64, 8, 2>; };
+// H100/H200 SM. With both ALiBi and softcap it spills 8 bytes; that rare combination takes
+// 128 x 32 (S 32 floats).
+template <> struct FwdConfig<128> {
+    using Traits = FwdTraits<128, 128, 64, 4, 2>;
+    using AlibiSoftcapTraits = FwdTraits<128, 128, 32, 4, 2>;
+};
+// 64 x 64, 4 warps: S 32 + O 80 floats. 100 KB: two CTAs per SM, whose barriers do not wait
+// for each other; 1.19-1.25x the 128 x 64 / 8 warps tile (one CTA per SM) on the H200
+// (bench/NOTES.md, tuning run 9).
+template <> struct FwdConfig<160> { using Traits = FwdTraits<160, 64, 64, 4, 2>; };
+// 64 x 64, 4 warps, single K/V buffers: S 32 + O 96 floats. 72 KB (two CTAs per SM by
+// registers); 1.09-1.15x the 128 x 64 / 8 warps tile on the H200 (bench/NOTES.md, run 9).
+template <> struct FwdConfig<192> { using Traits = FwdTraits<192, 64, 64, 4, 1>; };
 // 128 x 64, 8 warps, single K/V buffers (A100 shared memory): S 32 + O 112 floats. 112 KB.
 template <> struct FwdConfig<224> { using Traits = FwdTraits<224, 128, 64, 8, 1>; };
-// 128 x 64, 8 warps, single K/V buffers: S 32 + O 128 floats. 128 KB.
-template <> struct FwdConfig<256> { using Traits = FwdTraits<256, 128, 64, 8, 1>; };
+// 64 x 64, 4 warps, single K/V buffers: S 32 + O 128 floats. 96 KB: two CTAs per SM; 1.12-1.17x
+// the 128 x 64 / 8 warps tile (one CTA per SM: each barrier stalls all its 8 warps) on the H200
+// (bench/NOTES.md, run 9).
+template <> struct FwdConfig<256> { using Traits = FwdTraits<256, 64, 64, 4, 1>; };
 
 }  // namespace sm80
 }  // namespace flash_cuda

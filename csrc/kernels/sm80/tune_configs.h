@@ -19,14 +19,29 @@ struct FwdTuneConfig {
 };
 
 //                                   FwdTraits<HeadDim, BlockM, BlockN, NWarps, Stages>
+template <> struct FwdTuneConfig<32, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<32, 128, 64, 4, 2>; };
+template <> struct FwdTuneConfig<32, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<32, 64, 128, 4, 2>; };
+template <> struct FwdTuneConfig<32, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<32, 64, 64, 4, 2>; };
 template <> struct FwdTuneConfig<64, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<64, 64, 64, 4, 2>; };
 template <> struct FwdTuneConfig<64, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<64, 128, 128, 4, 2>; };
 template <> struct FwdTuneConfig<64, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<64, 128, 128, 8, 2>; };
+template <> struct FwdTuneConfig<96, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<96, 64, 64, 4, 2>; };
+template <> struct FwdTuneConfig<96, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<96, 128, 128, 8, 2>; };
+template <> struct FwdTuneConfig<96, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<96, 128, 32, 4, 2>; };
 template <> struct FwdTuneConfig<128, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<128, 64, 64, 4, 2>; };
 template <> struct FwdTuneConfig<128, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<128, 128, 128, 8, 2>; };
 template <> struct FwdTuneConfig<128, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<128, 128, 32, 4, 2>; };
+template <> struct FwdTuneConfig<160, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<160, 128, 64, 8, 2>; };
+template <> struct FwdTuneConfig<160, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<160, 64, 32, 4, 2>; };
+template <> struct FwdTuneConfig<160, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<160, 64, 64, 4, 1>; };
+template <> struct FwdTuneConfig<192, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<192, 64, 64, 4, 2>; };
+template <> struct FwdTuneConfig<192, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<192, 128, 64, 8, 2>; };
+template <> struct FwdTuneConfig<192, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<192, 128, 64, 8, 1>; };
+template <> struct FwdTuneConfig<224, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<224, 128, 64, 8, 2>; };
+template <> struct FwdTuneConfig<224, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<224, 64, 64, 4, 2>; };
+template <> struct FwdTuneConfig<224, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<224, 64, 32, 4, 2>; };
 template <> struct FwdTuneConfig<256, 1> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 64, 64, 4, 2>; };
-template <> struct FwdTuneConfig<256, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 128, 64, 8, 2>; };
+template <> struct FwdTuneConfig<256, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 128, 64, 8, 1>; };
 template <> struct FwdTuneConfig<256, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 64, 32, 4, 2>; };
 
 }  // namespace sm80

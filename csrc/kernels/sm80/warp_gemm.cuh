@@ -3,6 +3,7 @@
 //
 //   S (kWarpRows x kBlockN, fp32) += Q[warp rows] (kWarpRows x HeadDim) * K^T   (K: kBlockN x HeadDim)
 //   O (kWarpRows x HeadDim, fp32) += P (kWarpRows x kBlockN, from S registers) * V   (V: kBlockN x HeadDim)
+//   l (kWarpRows x 8, fp32)       += P * ones (kBlockN x 8): the softmax row sums of the 16-bit P
 //
 // ldmatrix.x4 lane addresses (lane l gives the 16-byte row of matrix l / 8; see ptx.cuh):
 //   Q (A operand, 16 rows x 16 k):  row l % 16,                col 8 (l / 16)
@@ -71,6 +72,34 @@ __device__ __forceinline__ void convert_p_to_a_fragments(
             p_frag[mt][kk][2] = ptx::pack_float2<Element>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
             p_frag[mt][kk][3] = ptx::pack_float2<Element>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
         }
+    }
+}
+
+// A pair of 16-bit ones: the B fragment of a matrix of ones (no shared memory needed).
+template <typename Element>
+constexpr uint32_t kPackedOnes = 0;
+template <>
+constexpr uint32_t kPackedOnes<__half> = 0x3C003C00u;
+template <>
+constexpr uint32_t kPackedOnes<__nv_bfloat16> = 0x3F803F80u;
+
+// row_sum[kMTiles][2] (rows g and g + 8 of each 16-row slice) += P * ones: the row sums of P
+// as rounded to 16 bits for P V, from the tensor cores. Every column of P * ones is the row
+// sum, so one short-lived m16n8 fragment per slice gives whole rows (no quad reduction).
+template <typename Element, typename Traits>
+__device__ __forceinline__ void warp_gemm_p_rowsum(
+    float (&row_sum)[Traits::kMTiles][2],
+    const uint32_t (&p_frag)[Traits::kMTiles][Traits::kBlockN / 16][4]) {
+#pragma unroll
+    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+        float block_sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
+            ptx::mma_16816<Element>(block_sum, p_frag[mt][kk], kPackedOnes<Element>,
+                                    kPackedOnes<Element>);
+        }
+        row_sum[mt][0] += block_sum[0];
+        row_sum[mt][1] += block_sum[2];
     }
 }
 
