@@ -377,6 +377,8 @@ AttnDims check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
                           "flash_cuda: cache_batch_idx cannot be used with a paged cache (block_table)");
         TORCH_CHECK_VALUE(!cache_leftpad.has_value(),
                           "flash_cuda: cache_leftpad cannot be used with a paged cache (block_table)");
+        TORCH_CHECK_VALUE(k_cache.size(1) >= 1, "flash_cuda: the page size (k_cache.size(1) with "
+                          "block_table) must be >= 1, got ", k_cache.size(1));
         capacity = bt.size(1) * k_cache.size(1);
     } else {
         capacity = k_cache.size(1);
@@ -470,6 +472,31 @@ AttnDims check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
         }
     }
     return d;
+}
+
+void check_kvcache_rotary_positions(const at::Tensor& q,
+                                    const std::optional<at::Tensor>& cache_seqlens,
+                                    const std::optional<at::Tensor>& rotary_cos, int64_t capacity,
+                                    bool per_row) {
+    const int64_t sq = q.size(1);
+    if (!rotary_cos.has_value() || sq == 0) return;
+    const int64_t seqlen_ro = rotary_cos->size(0);
+    const int64_t last_row = per_row ? sq - 1 : 0;
+    if (!cache_seqlens.has_value()) {
+        TORCH_CHECK_VALUE(capacity + last_row < seqlen_ro, "flash_cuda: rotary_cos/sin have ",
+                          seqlen_ro, " positions, but without cache_seqlens query row ", last_row,
+                          " sits at position ", capacity + last_row, " (the cache length + row)");
+        return;
+    }
+    if (!value_checks_enabled(q)) return;
+    const auto sl = host_ints(*cache_seqlens);
+    for (int64_t b = 0; b < sl.numel(); ++b) {
+        const int64_t pos = sl.data_ptr<int>()[b] + last_row;
+        TORCH_CHECK_VALUE(pos < seqlen_ro, "flash_cuda: rotary_cos/sin have ", seqlen_ro,
+                          " positions, but query row ", last_row, " of sequence ", b,
+                          " sits at position ", pos, " (cache_seqlens[", b, "]",
+                          per_row ? " + row, causal/local mask)" : ", no causal/local mask)");
+    }
 }
 
 void check_combine_inputs(const at::Tensor& out_partial, const at::Tensor& lse_partial,

@@ -70,6 +70,13 @@ AttnDims check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
                               const std::optional<at::Tensor>& cache_leftpad,
                               const std::optional<at::Tensor>& block_table, int64_t num_splits);
 
+// fwd_kvcache with rotary: every query row's position (cache_seqlens[b], + row when per_row, i.e.
+// with a causal or local mask; the cache length without cache_seqlens) is in the cos/sin table.
+void check_kvcache_rotary_positions(const at::Tensor& q,
+                                    const std::optional<at::Tensor>& cache_seqlens,
+                                    const std::optional<at::Tensor>& rotary_cos, int64_t capacity,
+                                    bool per_row);
+
 // out_partial fp32 (splits, b, h, sq, d), lse_partial fp32 (splits, b, h, sq).
 void check_combine_inputs(const at::Tensor& out_partial, const at::Tensor& lse_partial,
                           at::ScalarType out_dtype);

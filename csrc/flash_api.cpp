@@ -466,6 +466,93 @@ BwdResult mha_varlen_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor&
                                  max_seqlen_q, max_seqlen_k, call.opts);
 }
 
+namespace {
+
+// What the attention of fwd_kvcache reads once the append step has run.
+struct KvcacheAppended {
+    at::Tensor q;       // q, or q rotated (a new contiguous tensor) when rotary is on
+    OptTensor seqlens;  // int32 (b): keys per sequence, cache_seqlens + new tokens (or none)
+};
+
+// The append step of fwd_kvcache, one launch of kernels/kvcache_append.cuh on the current
+// stream, no host sync (capturable): the new k (rotary applied) and v are written into the
+// cache at cache_seqlens (contiguous rows cache_batch_idx, or the pages of block_table), and q
+// is rotated at its positions (every query at cache_seqlens, or at cache_seqlens + row with a
+// causal/local mask, as the reference). Arguments already checked (kvcache_prologue).
+KvcacheAppended kvcache_append_step(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+                                    const OptTensor& k, const OptTensor& v,
+                                    const OptTensor& cache_seqlens, const OptTensor& rotary_cos,
+                                    const OptTensor& rotary_sin, const OptTensor& cache_batch_idx,
+                                    const OptTensor& block_table, bool rotary_interleaved,
+                                    const MaskArgs& mask) {
+    const int64_t seqlen_new = k.has_value() ? k->size(1) : 0;
+    const bool rotary = rotary_cos.has_value();
+    KvcacheAppended result{q, cache_seqlens};
+    if (seqlen_new == 0 && !rotary) return result;
+    KvAppendParams p{};
+    p.b = static_cast<int>(q.size(0));
+    p.seqlen_new = static_cast<int>(seqlen_new);
+    p.h_k = static_cast<int>(k_cache.size(2));
+    p.d = static_cast<int>(q.size(3));
+    if (seqlen_new > 0) {
+        p.knew_ptr = k->data_ptr();
+        p.vnew_ptr = v->data_ptr();
+        p.knew_batch_stride = k->stride(0);
+        p.knew_row_stride = k->stride(1);
+        p.knew_head_stride = k->stride(2);
+        p.vnew_batch_stride = v->stride(0);
+        p.vnew_row_stride = v->stride(1);
+        p.vnew_head_stride = v->stride(2);
+    }
+    p.kcache_ptr = k_cache.data_ptr();
+    p.vcache_ptr = v_cache.data_ptr();
+    p.kcache_batch_stride = k_cache.stride(0);
+    p.kcache_row_stride = k_cache.stride(1);
+    p.kcache_head_stride = k_cache.stride(2);
+    p.vcache_batch_stride = v_cache.stride(0);
+    p.vcache_row_stride = v_cache.stride(1);
+    p.vcache_head_stride = v_cache.stride(2);
+    p.cache_batch = static_cast<int>(k_cache.size(0));
+    p.capacity = block_table.has_value() ? block_table->size(1) * k_cache.size(1) : k_cache.size(1);
+    p.cache_seqlens = cache_seqlens.has_value() ? cache_seqlens->data_ptr<int>() : nullptr;
+    p.cache_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
+    if (block_table.has_value()) {
+        p.block_table = block_table->data_ptr<int>();
+        p.block_table_batch_stride = block_table->stride(0);
+        p.max_blocks = static_cast<int>(block_table->size(1));
+        p.page_size = static_cast<int>(k_cache.size(1));
+    }
+    if (rotary) {
+        result.q = at::empty_like(q, q.options().memory_format(at::MemoryFormat::Contiguous));
+        p.rotary_dim = static_cast<int>(2 * rotary_cos->size(1));
+        p.seqlen_ro = static_cast<int>(rotary_cos->size(0));
+        p.rotary_interleaved = rotary_interleaved;
+        p.q_positions_per_row = mask.causal || mask.window_left >= 0 || mask.window_right >= 0;
+        p.rotary_cos_ptr = rotary_cos->data_ptr();
+        p.rotary_sin_ptr = rotary_sin->data_ptr();
+        p.q_ptr = q.data_ptr();
+        p.qrot_ptr = result.q.data_ptr();
+        p.q_batch_stride = q.stride(0);
+        p.q_row_stride = q.stride(1);
+        p.q_head_stride = q.stride(2);
+        p.qrot_batch_stride = result.q.stride(0);
+        p.qrot_row_stride = result.q.stride(1);
+        p.qrot_head_stride = result.q.stride(2);
+        p.seqlen_q = static_cast<int>(q.size(1));
+        p.h = static_cast<int>(q.size(2));
+    }
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    dispatch_dtype(q.scalar_type(), [&](auto element) {
+        run_kvcache_append<decltype(element)>(p, stream);
+    });
+    if (seqlen_new > 0) {
+        result.seqlens = (*cache_seqlens + static_cast<int>(seqlen_new)).to(at::kInt);
+    }
+    return result;
+}
+
+}  // namespace
+
 std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     const Tensor& q, Tensor& k_cache, Tensor& v_cache, const OptTensor& k, const OptTensor& v,
     const OptTensor& cache_seqlens, const OptTensor& rotary_cos, const OptTensor& rotary_sin,
@@ -479,40 +566,38 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
         window_size_right, softcap, num_splits);
     const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    // The forward kernel reads a contiguous-layout cache in place, each sequence limited to its
-    // cache_seqlens + new tokens (seqused_k). Paged caches, cache_batch_idx, cache_leftpad,
-    // rotary and head dims that need padding take the exact reference (no split-KV kernel yet:
-    // num_splits is not used on this path).
-    const bool kernel = fwd_kernel_covers(q, dims.head_dim, 0.0, false) &&
-                        dims.head_dim % 8 == 0 && !block_table.has_value() &&
-                        !cache_batch_idx.has_value() && !cache_leftpad.has_value() &&
-                        !rotary_cos.has_value() && aligned_for_kernels(q) &&
-                        aligned_for_kernels(k_cache) && aligned_for_kernels(v_cache);
-    if (!kernel) {
+    if (!device_has_sm80_kernels(q)) {  // no kernel of this build runs here: all reference
         return reference::kvcache(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos,
                                   rotary_sin, cache_batch_idx, cache_leftpad, block_table,
                                   rotary_interleaved, call.opts);
     }
-    // Append the new tokens at cache_seqlens[b] + t (device-side indices: no host sync, so the
-    // call can be captured in a CUDA graph).
-    const int64_t seqlen_new = k.has_value() ? k->size(1) : 0;
-    at::Tensor seqused;
-    if (cache_seqlens.has_value()) {
-        if (seqlen_new > 0) {
-            const auto long_opts = q.options().dtype(at::kLong);
-            const at::Tensor rows = at::arange(dims.batch, long_opts).unsqueeze(1);
-            const at::Tensor positions =
-                cache_seqlens->to(at::kLong).unsqueeze(1) + at::arange(seqlen_new, long_opts);
-            k_cache.index_put_({rows, positions}, *k);
-            v_cache.index_put_({rows, positions}, *v);
-        }
-        seqused = (*cache_seqlens + static_cast<int>(seqlen_new)).to(at::kInt);
+    // 1. Append step: new k (rotary applied) and v into the cache, q rotated (one kernel).
+    const KvcacheAppended appended =
+        kvcache_append_step(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin,
+                            cache_batch_idx, block_table, rotary_interleaved, call.opts.mask);
+    const at::Tensor& q_attn = appended.q;
+    const OptTensor& seqlens = appended.seqlens;
+
+    // 2. Attention over the updated cache with q_attn, each sequence limited to its
+    // cache_seqlens + new tokens (seqused_k). The forward kernel reads a contiguous-layout cache
+    // in place; paged caches, cache_batch_idx, cache_leftpad and head dims that need padding
+    // take the exact reference, given what the append step produced (no new tokens, no rotary:
+    // nothing is appended or rotated twice). No split-KV kernel yet: num_splits is unused.
+    const bool kernel = fwd_kernel_covers(q, dims.head_dim, 0.0, false) &&
+                        dims.head_dim % 8 == 0 && !block_table.has_value() &&
+                        !cache_batch_idx.has_value() && !cache_leftpad.has_value() &&
+                        aligned_for_kernels(q_attn) && aligned_for_kernels(k_cache) &&
+                        aligned_for_kernels(v_cache);
+    if (!kernel) {
+        return reference::kvcache(q_attn, k_cache, v_cache, std::nullopt, std::nullopt, seqlens,
+                                  std::nullopt, std::nullopt, cache_batch_idx, cache_leftpad,
+                                  block_table, rotary_interleaved, call.opts);
     }
     at::Tensor out = at::empty_like(q, q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));
     FwdParams params;
-    set_fwd_params(params, dims, q, k_cache, v_cache, out, lse, call.opts);
-    params.seqused_k = seqused.defined() ? seqused.data_ptr<int>() : nullptr;
+    set_fwd_params(params, dims, q_attn, k_cache, v_cache, out, lse, call.opts);
+    params.seqused_k = seqlens.has_value() ? seqlens->data_ptr<int>() : nullptr;
     if (dims.seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {

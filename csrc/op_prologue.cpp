@@ -106,6 +106,8 @@ CheckedCall kvcache_prologue(const at::Tensor& q, const at::Tensor& k_cache,
     check_alibi(alibi_slopes, q, dims);
     // As flash_attn: normalised with the cache capacity (dims.seqlen_k), applied per sequence.
     const MaskArgs mask = normalize_mask(causal, window_left, window_right, dims.seqlen_k);
+    check_kvcache_rotary_positions(q, cache_seqlens, rotary_cos, dims.seqlen_k,
+                                   mask.causal || mask.window_left >= 0 || mask.window_right >= 0);
     return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, 0.0, PhiloxSeed{}),
             PhiloxSeed{}};
 }

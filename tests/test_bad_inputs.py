@@ -297,3 +297,25 @@ def test_kvcache_bad_inputs_leave_cache(change, exc, match):
     kw = _cache()
     kw.update(change)
     _assert_rejected_untouched(kw, exc, match)
+
+
+def test_kvcache_page_size_zero_rejected():
+    kw = _cache()
+    kw["k_cache"], kw["v_cache"] = rand(4, 0, 2, 16), rand(4, 0, 2, 16)
+    kw["block_table"] = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    _assert_rejected_untouched(kw, ValueError, "page size")
+
+
+@pytest.mark.parametrize("causal", (True, False))
+def test_kvcache_rotary_query_position_out_of_table(causal):
+    """Queries past the new tokens need rotary positions too: cache_seqlens (+ row, causal)."""
+    kw = _cache()
+    kw.update(q=rand(2, 3, 4, 16), k=None, v=None, causal=causal)
+    n = 5 if causal else 3  # sequence 1 (cache_seqlens 3): rows at 3, 4, 5 or all at 3
+    kw.update(rotary_cos=rand(n, 4), rotary_sin=rand(n, 4))
+    _assert_rejected_untouched(kw, ValueError, f"rotary_cos/sin have {n} positions, but query row")
+    kw.update(rotary_cos=rand(n + 1, 4), rotary_sin=rand(n + 1, 4))
+    flash_cuda.flash_attn_with_kvcache(**kw)
+    # Without cache_seqlens the queries sit at the cache length (8).
+    kw.update(cache_seqlens=None, rotary_cos=rand(8, 4), rotary_sin=rand(8, 4))
+    _assert_rejected_untouched(kw, ValueError, "without cache_seqlens query row")

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/kvcache_append.h"
 #include "kernels/params.h"
 
 // After every kernel launch: turn a launch error into an exception (a Python RuntimeError).
@@ -55,5 +56,10 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream);
 // (softmax_lseaccum_ptr) into o_ptr (Element) and softmax_lse_ptr. csrc/kernels/combine.cu.
 template <typename Element>
 void run_combine_splits(const FwdParams& params, cudaStream_t stream);
+
+// KV-cache append step before attention: new k (rotary applied) and v into the cache (paged or
+// not), and q rotated into params.qrot_ptr when rotary is on. csrc/kernels/kvcache_append.cu.
+template <typename Element>
+void run_kvcache_append(const KvAppendParams& params, cudaStream_t stream);
 
 }  // namespace flash_cuda

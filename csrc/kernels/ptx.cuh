@@ -45,6 +45,15 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_
                  : "memory");
 }
 
+// cp.async.ca.shared.global (4 bytes): the same for one 32-bit word (per-row fp32 values).
+__device__ __forceinline__ void cp_async_4(uint32_t smem_dst, const void* gmem_src,
+                                           bool in_bounds) {
+    const int src_bytes = in_bounds ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_dst),
+                 "l"(gmem_src), "r"(src_bytes)
+                 : "memory");
+}
+
 // cp.async.commit_group: closes the group of cp.async issued since the last commit (an empty
 // group is legal and completes at once).
 __device__ __forceinline__ void cp_async_commit() {

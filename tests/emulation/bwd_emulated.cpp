@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
     p.dk_accum_ptr = dk_accum.data();
     p.dv_accum_ptr = dv_accum.data();
     p.dsoftmax_sum = dsum.data();
+    emu::readable_ranges().push_back({dsum.data(), dsum.size});  // the main kernel copies D in
     p.dq_ptr = dq.data();
     p.dk_ptr = dk.data();
     p.dv_ptr = dv.data();

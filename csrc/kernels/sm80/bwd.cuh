@@ -42,13 +42,16 @@ namespace sm80 {
 // kNWarps warps. Warps split the keys for S^T, dP^T, dV, dK (kKeyTiles 16-row slices each) and
 // split (query rows x head-dim columns) for dQ (kDqWarpsM x kDqWarpsD warps, each 16 rows x
 // kDqCols columns).
-template <int HeadDim, int BlockM, int BlockN, int NWarps>
+// QStages: buffers of the per-query-block inputs (Q, dO, lse, D); 2 = the next query block
+// loads while the current one computes.
+template <int HeadDim, int BlockM, int BlockN, int NWarps, int QStages = 2>
 struct BwdTraits {
     static constexpr int kHeadDim = HeadDim;
     static constexpr int kBlockM = BlockM;
     static constexpr int kBlockN = BlockN;
     static constexpr int kNWarps = NWarps;
     static constexpr int kNThreads = NWarps * 32;
+    static constexpr int kQStages = QStages;
     static constexpr int kKeyTiles = BlockN / (16 * NWarps);
     static constexpr int kDTiles = HeadDim / 8;
     static constexpr int kDqWarpsM = BlockM / 16;
@@ -65,11 +68,13 @@ struct BwdTraits {
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kSmemKOffset + KVTile::kBytes;
     static constexpr int kSmemQOffset = kSmemVOffset + KVTile::kBytes;
+    // Per query-block stage: Q tile, dO tile, lse (kBlockM floats), D (kBlockM floats).
     static constexpr int kSmemDOOffset = kSmemQOffset + QTile::kBytes;
-    static constexpr int kSmemDSOffset = kSmemDOOffset + QTile::kBytes;
-    static constexpr int kSmemLseOffset = kSmemDSOffset + DSTile::kBytes;  // kBlockM floats
-    static constexpr int kSmemDOffset = kSmemLseOffset + BlockM * 4;      // kBlockM floats
-    static constexpr int kSmemBytes = kSmemDOffset + BlockM * 4;
+    static constexpr int kSmemLseOffset = kSmemDOOffset + QTile::kBytes;
+    static constexpr int kSmemDOffset = kSmemLseOffset + BlockM * 4;
+    static constexpr int kSmemQStageBytes = 2 * QTile::kBytes + 2 * BlockM * 4;
+    static constexpr int kSmemDSOffset = kSmemQOffset + QStages * kSmemQStageBytes;
+    static constexpr int kSmemBytes = kSmemDSOffset + DSTile::kBytes;
 
     // S^T = K Q^T (and dP^T = V dO^T) in the shape warp_gemm_qk expects: A tile = K, B = Q.
     struct ScoreGemm {
@@ -190,11 +195,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const uint32_t smem_base = ptx::smem_addr(smem);
     const uint32_t smem_k = smem_base + Traits::kSmemKOffset;
     const uint32_t smem_v = smem_base + Traits::kSmemVOffset;
-    const uint32_t smem_q = smem_base + Traits::kSmemQOffset;
-    const uint32_t smem_do = smem_base + Traits::kSmemDOOffset;
     const uint32_t smem_ds = smem_base + Traits::kSmemDSOffset;
-    float* smem_lse = reinterpret_cast<float*>(smem + Traits::kSmemLseOffset);
-    float* smem_dsum = reinterpret_cast<float*>(smem + Traits::kSmemDOffset);
 
     const int tid = threadIdx.x;
     const int lane = tid % 32;
@@ -263,28 +264,57 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
                      bh * params.seqlen_q_rounded * Traits::kHeadDim;
 
+    // Query-block inputs of block m_block into buffer `stage`: Q and dO tiles, lse and D, all
+    // with cp.async. Rows past the sequence are zero-filled: zero Q and dO rows and D = 0 make
+    // every product they enter zero (p^T dO, dZ^T = p (dP - D) with dP = 0), and their dQ rows
+    // are not written.
+    auto load_query_block = [&](int m_block, int stage) {
+        const int m0 = m_block * kBlockM;
+        const int valid_q = min(kBlockM, seqlen_q - m0);
+        const uint32_t stage_base = smem_base + stage * Traits::kSmemQStageBytes;
+        Traits::QCopy::load_async(stage_base + Traits::kSmemQOffset,
+                                  q_head + static_cast<int64_t>(m0) * params.q_row_stride,
+                                  params.q_row_stride, valid_q, params.d, tid);
+        Traits::QCopy::load_async(stage_base + Traits::kSmemDOOffset,
+                                  do_head + static_cast<int64_t>(m0) * params.do_row_stride,
+                                  params.do_row_stride, valid_q, params.d, tid);
+        for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
+            const bool ok = r < valid_q;
+            ptx::cp_async_4(stage_base + Traits::kSmemLseOffset + 4 * r,
+                            lse_head + (ok ? m0 + r : 0), ok);
+            ptx::cp_async_4(stage_base + Traits::kSmemDOffset + 4 * r,
+                            dsum_head + (ok ? m0 + r : 0), ok);
+        }
+        ptx::cp_async_commit();
+    };
+    if (Traits::kQStages == 2 && m_block_min < m_block_max) load_query_block(m_block_min, 0);
+
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int m0 = m_block * kBlockM;
         const int valid_q = min(kBlockM, seqlen_q - m0);
-        __syncthreads();  // every warp is done with the previous Q, dO, dZ^T, lse, D
-        Traits::QCopy::load_async(smem_q, q_head + static_cast<int64_t>(m0) * params.q_row_stride,
-                                  params.q_row_stride, valid_q, params.d, tid);
-        Traits::QCopy::load_async(smem_do,
-                                  do_head + static_cast<int64_t>(m0) * params.do_row_stride,
-                                  params.do_row_stride, valid_q, params.d, tid);
-        ptx::cp_async_commit();
+        const int stage = Traits::kQStages == 2 ? (m_block - m_block_min) & 1 : 0;
+        if constexpr (Traits::kQStages == 1) {
+            __syncthreads();  // every warp is done with the previous Q, dO, dZ^T, lse, D
+            load_query_block(m_block, 0);
+        }
+        ptx::cp_async_wait<0>();  // this block's inputs (and, first, K and V) have landed
+        // Everyone's copies are visible, and every warp is done with the previous iteration
+        // (its buffer, refilled next, and the dZ^T tile).
+        __syncthreads();
+        if constexpr (Traits::kQStages == 2) {
+            if (m_block + 1 < m_block_max) load_query_block(m_block + 1, stage ^ 1);
+        }
+        const uint32_t smem_q = smem_base + stage * Traits::kSmemQStageBytes + Traits::kSmemQOffset;
+        const uint32_t smem_do = smem_q - Traits::kSmemQOffset + Traits::kSmemDOOffset;
+        const float* smem_lse = reinterpret_cast<const float*>(
+            smem + stage * Traits::kSmemQStageBytes + Traits::kSmemLseOffset);
+        const float* smem_dsum = reinterpret_cast<const float*>(
+            smem + stage * Traits::kSmemQStageBytes + Traits::kSmemDOffset);
         uint32_t keep[kKeyTiles][(kQTiles8 + 7) / 8];  // dropout: kept P^T elements
         if constexpr (IsDropout) {
             dropout_keep_bits_transposed<kKeyTiles, kQTiles8>(keep, DropoutMask::make(params, bh),
                                                               n0 + warp_key0, m0, lane);
         }
-        for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
-            const bool ok = r < valid_q;
-            smem_lse[r] = ok ? lse_head[m0 + r] * static_cast<float>(M_LOG2E) : INFINITY;
-            smem_dsum[r] = ok ? dsum_head[m0 + r] : 0.f;
-        }
-        ptx::cp_async_wait<0>();
-        __syncthreads();
 
         float acc_s[kKeyTiles][kQTiles8][4];
         float acc_dp[kKeyTiles][kQTiles8][4];
@@ -302,7 +332,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         warp_gemm_qk<Element, ScoreGemm>(acc_s, smem_k, smem_q, warp_key0, lane);
         warp_gemm_qk<Element, ScoreGemm>(acc_dp, smem_v, smem_do, warp_key0, lane);
 
-        // P^T (in acc_s) and dZ^T (in acc_dp).
+        // P^T (in acc_s) and dZ^T (in acc_dp). Only blocks that touch a mask edge or the end of
+        // the keys test each element (zero-filled key rows past seqlen_k must get p = 0: with a
+        // very negative lse their p would overflow). Query rows past seqlen_q need no mask (see
+        // load_query_block).
+        const bool block_needs_mask =
+            !(n0 >= m0 + kBlockM - 1 + range.begin_shift &&
+              n0 + kBlockN <= min(range.seqlen_k, m0 + range.end_shift));
         const int key0 = n0 + warp_key0 + lane / 4;  // key of element (0, 0, 0)
         const int qcol0 = 2 * (lane % 4);            // query (in the block) of element (0, 0, 0)
 #pragma unroll
@@ -310,7 +346,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int qi = qcol0 + 8 * nt + c;
-                const float lse_log2 = smem_lse[qi];
+                const float lse_log2 = smem_lse[qi] * static_cast<float>(M_LOG2E);
                 const float dsum = smem_dsum[qi];
 #pragma unroll
                 for (int mt = 0; mt < kKeyTiles; ++mt) {
@@ -318,7 +354,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     for (int half = 0; half < 2; ++half) {
                         const int key = key0 + 16 * mt + 8 * half;
                         const int e = 2 * half + c;
-                        const bool visible = key_visible(range, key, m0 + qi);
+                        const bool visible = !block_needs_mask || key_visible(range, key, m0 + qi);
                         const float p =
                             visible ? ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -lse_log2))
                                     : 0.f;

@@ -30,6 +30,18 @@ inline void cp_async_16(uint32_t smem_dst, const void* gmem_src, bool in_bounds)
         std::memset(dst, 0, 16);
     }
 }
+inline void cp_async_4(uint32_t smem_dst, const void* gmem_src, bool in_bounds) {
+    unsigned char* dst = emu::smem_at(smem_dst, 4, 4);
+    if (in_bounds) {
+        if (reinterpret_cast<uintptr_t>(gmem_src) % 4 != 0) {
+            emu::fail("misaligned cp.async source", reinterpret_cast<long long>(gmem_src));
+        }
+        emu::check_readable(gmem_src, 4);
+        std::memcpy(dst, gmem_src, 4);
+    } else {
+        std::memset(dst, 0, 4);
+    }
+}
 inline void cp_async_commit() {}
 template <int kPendingGroups>
 inline void cp_async_wait() {}

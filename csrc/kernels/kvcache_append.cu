@@ -1,0 +1,23 @@
+// Launcher of the KV-cache append step (kernels/kvcache_append.cuh).
+#include <algorithm>
+
+#include "kernels/kvcache_append.cuh"
+#include "kernels/launch.h"
+
+namespace flash_cuda {
+
+template <typename Element>
+void run_kvcache_append(const KvAppendParams& params, cudaStream_t stream) {
+    using namespace kvcache_append;
+    const int64_t rows = kv_rows(params) + q_rows(params);
+    if (rows == 0 || params.d == 0) return;
+    // One warp per row; beyond 2^16 blocks the warps loop (grid-stride).
+    const int64_t blocks = std::min<int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 16);
+    kvcache_append_kernel<Element><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+    FLASH_CUDA_CHECK_LAUNCH();
+}
+
+template void run_kvcache_append<__half>(const KvAppendParams&, cudaStream_t);
+template void run_kvcache_append<__nv_bfloat16>(const KvAppendParams&, cudaStream_t);
+
+}  // namespace flash_cuda
