@@ -132,10 +132,12 @@ __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKStep
 // is shared by 8 lanes: lane (g, t) draws the queries 8 g + 2t + c (c = 0, 1) of both 8-key
 // halves of a 16-key tile once, turns them into a 32-bit keep mask (bit 16 half + 8 c + key % 8)
 // and every lane reads the masks of its queries with one shuffle per 8-query tile.
+// The mask is re-made from params inside the draw loop (nothing of it stays live in registers
+// across the loop: the backward's accumulators need them).
 template <int kKeyTiles, int kQTiles8>
 __device__ __forceinline__ void dropout_keep_bits_transposed(
-    uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], const DropoutMask& mask, int key_slice0,
-    int query0, int lane) {
+    uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], const FwdParams& params, int64_t bh,
+    int key_slice0, int query0, int lane) {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int mt = 0; mt < kKeyTiles; ++mt) {
@@ -147,6 +149,7 @@ __device__ __forceinline__ void dropout_keep_bits_transposed(
                 const int half = hc / 2, c = hc % 2;
                 const uint32_t query = static_cast<uint32_t>(query0 + 8 * (8 * u + g) + 2 * t + c);
                 const uint32_t group = static_cast<uint32_t>((key_slice0 + 16 * mt + 8 * half) / 8);
+                const DropoutMask mask = DropoutMask::make(params, bh);
                 const Philox4 r = mask.draws(query, group);
                 const uint32_t words[4] = {r.x, r.y, r.z, r.w};
                 uint32_t m = 0;

@@ -312,8 +312,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             smem + stage * Traits::kSmemQStageBytes + Traits::kSmemDOffset);
         uint32_t keep[kKeyTiles][(kQTiles8 + 7) / 8];  // dropout: kept P^T elements
         if constexpr (IsDropout) {
-            dropout_keep_bits_transposed<kKeyTiles, kQTiles8>(keep, DropoutMask::make(params, bh),
-                                                              n0 + warp_key0, m0, lane);
+            dropout_keep_bits_transposed<kKeyTiles, kQTiles8>(keep, params, bh, n0 + warp_key0, m0,
+                                                              lane);
         }
 
         float acc_s[kKeyTiles][kQTiles8][4];
