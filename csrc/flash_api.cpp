@@ -12,6 +12,7 @@
 #include "op_prologue.h"
 #include "kernels/decode.h"
 #include "kernels/launch.h"
+#include "kernels/philox.cuh"
 #include "reference/reference.h"
 
 #include <cmath>
@@ -144,12 +145,51 @@ void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_FWD_CASE
 }
 
-// Whether a hand-written forward kernel handles this call (else: reference fallback).
-bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim, double dropout_p,
-                       bool return_softmax) {
+// Whether a hand-written forward kernel handles this call (else: reference fallback). Dropout
+// runs in the kernels; return_softmax (S_dmask, a debugging output) takes the reference, which
+// draws the same mask.
+// Dropout is compiled without softcap / ALiBi (fwd_launch.cuh); return_softmax (S_dmask) runs
+// the reference.
+bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim,
+                       const reference::AttnOptions& opts, bool return_softmax) {
     const int hd = kernel_head_dim(head_dim);
-    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && dropout_p == 0.0 &&
-           !return_softmax;
+    const bool dropout_ok =
+        opts.dropout_p == 0.0 || (!(opts.softcap > 0.0) && !opts.alibi_slopes.has_value());
+    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && !return_softmax &&
+           dropout_ok;
+}
+
+// The reference draws the dropout mask on the host: it cannot run inside CUDA graph capture,
+// where the seed exists only on the device.
+void check_reference_can_drop(const CheckedCall& call) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!(call.opts.dropout_p > 0.0 && call.philox.on_device()),
+                                "flash_cuda: dropout inside CUDA graph capture is supported on "
+                                "the kernel path only (not for this head dim / feature / "
+                                "return_attn_probs=True)");
+}
+
+// Dropout fields of the params (philox.cuh's mask); p_keep = 1 leaves the kernels dropout-free.
+void set_dropout_params(FwdParams& p, double dropout_p, const PhiloxSeed& philox) {
+    if (!(dropout_p > 0.0)) return;
+    p.p_keep = static_cast<float>(1.0 - dropout_p);
+    p.p_keep_threshold = dropout_keep_threshold(p.p_keep);
+    p.rp_keep = static_cast<float>(1.0 / (1.0 - dropout_p));
+    p.philox_seed = philox.seed;
+    p.philox_offset = philox.offset;
+    p.philox_seed_ptr = philox.seed_ptr;
+    p.philox_offset_ptr = philox.offset_ptr;
+    p.philox_offset_intragraph = philox.offset_intragraph;
+}
+
+// The rng_state output of a kernel forward: filled here from the host values, or (seed on the
+// device: graph capture) zeros that the kernel overwrites with the values it used.
+at::Tensor kernel_rng_state(const at::Tensor& q, const CheckedCall& call, FwdParams& p) {
+    if (!(call.opts.dropout_p > 0.0 && call.philox.on_device())) {
+        return rng_state_tensor(q, call.opts);
+    }
+    at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));
+    p.rng_state = rng_state.data_ptr<int64_t>();
+    return rng_state;
 }
 
 // Tuning builds (FLASH_CUDA_FWD_TUNING=1 at build time): FLASH_CUDA_FWD_TILE picks a tile
@@ -228,15 +268,19 @@ bool bwd_kernel_enabled() {
 }
 
 // Whether the sm80 backward kernel handles this call (fixed length or varlen); else the
-// reference. Every built head dim, causal / window, softcap, ALiBi, GQA, deterministic; not
-// dropout.
+// reference. Every built head dim, causal / window, softcap, ALiBi, GQA, deterministic; dropout
+// as below.
 bool bwd_kernel_covers(const at::Tensor& q, const AttnDims& dims,
-                       const reference::AttnOptions& opts, bool /*deterministic: covered*/) {
+                       const reference::AttnOptions& opts, bool deterministic, bool varlen = false) {
     const double dropout_p = opts.dropout_p, softcap = opts.softcap,
                  softmax_scale = opts.softmax_scale;
     if (!bwd_kernel_enabled()) return false;
     const int hd = kernel_head_dim(dims.head_dim);
-    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && dropout_p == 0.0 &&
+    // Dropout: the kernel replays the forward's mask (dropout.cuh) for fixed length without
+    // softcap / ALiBi, non-deterministic (bwd_launch.cuh); other dropout calls take the reference.
+    const bool dropout_ok = dropout_p == 0.0 || (!(softcap > 0.0) && !opts.alibi_slopes.has_value() &&
+                                                 !deterministic && !varlen);
+    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && dropout_ok &&
            dims.seqlen_q > 0 && dims.seqlen_k > 0 && dims.batch > 0 && dims.batch <= 65535 &&
            dims.heads <= 65535 && std::isfinite(softmax_scale) &&
            (!(softcap > 0.0) || std::isfinite(softmax_scale / softcap));
@@ -302,7 +346,7 @@ int bwd_dq_splits(const at::Tensor& q, int64_t batch_heads, int64_t seqlen_k,
 BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& softmax_lse,
                      const AttnDims& dims, const reference::AttnOptions& opts, bool deterministic,
-                     const OptTensor& cu_seqlens_q = std::nullopt,
+                     const PhiloxSeed& philox, const OptTensor& cu_seqlens_q = std::nullopt,
                      const OptTensor& cu_seqlens_k = std::nullopt) {
     const bool varlen = cu_seqlens_q.has_value();
     const at::Tensor q_p = pad_head_dim(q), k_p = pad_head_dim(k), v_p = pad_head_dim(v);
@@ -315,6 +359,7 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
 
     BwdParams params{};
     set_fwd_params(params, dims, q_p, k_p, v_p, out_p, lse, opts);
+    set_dropout_params(params, opts.dropout_p, philox);
     const int64_t hd = params.d_rounded;
     const auto f32 = q.options().dtype(at::kFloat);
     // Workspaces (bwd_launch.cuh): fixed length per (b, h) with rows rounded to 128, varlen
@@ -385,7 +430,8 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                           window_size_left, window_size_right, softcap, rng_state);
     const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    if (!fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax)) {
+    if (!fwd_kernel_covers(q, dims.head_dim, call.opts, return_softmax)) {
+        check_reference_can_drop(call);
         auto [out, lse, s_dmask] = reference::fwd(q, k, v, call.opts, return_softmax);
         return {out, lse, s_dmask, rng_state_tensor(q, call.opts)};
     }
@@ -395,6 +441,8 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     at::Tensor lse = at::empty({dims.batch, dims.heads, dims.seqlen_q}, q.options().dtype(at::kFloat));
     FwdParams params;
     set_fwd_params(params, dims, q_p, k_p, v_p, out, lse, call.opts);
+    set_dropout_params(params, dropout_p, call.philox);
+    at::Tensor rng_state_out = kernel_rng_state(q, call, params);
     if (dims.seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {
@@ -402,7 +450,7 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         });
     }
     out = unpad_head_dim(out, dims.head_dim);
-    return {out, lse, at::empty({0}, q.options()), rng_state_tensor(q, call.opts)};
+    return {out, lse, at::empty({0}, q.options()), rng_state_out};
 }
 
 FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -419,8 +467,9 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         softcap, rng_state);
     const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    const bool kernel = fwd_kernel_covers(q, dims.head_dim, dropout_p, return_softmax);
+    const bool kernel = fwd_kernel_covers(q, dims.head_dim, call.opts, return_softmax);
     if (!kernel) {
+        check_reference_can_drop(call);
         auto [out, lse, s_dmask] =
             reference::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
                                   max_seqlen_q, max_seqlen_k, call.opts, return_softmax);
@@ -442,6 +491,8 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         params.block_table_batch_stride = block_table->stride(0);
         params.page_block_size = static_cast<int>(k.size(1));
     }
+    set_dropout_params(params, dropout_p, call.philox);
+    at::Tensor rng_state_out = kernel_rng_state(q, call, params);
     if (dims.total_q > 0 && max_seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {
@@ -449,7 +500,7 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         });
     }
     out = unpad_head_dim(out, dims.head_dim);
-    return {out, lse, at::empty({0}, q.options()), rng_state_tensor(q, call.opts)};
+    return {out, lse, at::empty({0}, q.options()), rng_state_out};
 }
 
 BwdResult mha_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -464,8 +515,10 @@ BwdResult mha_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, con
     // The sm80 kernel where it covers the call (FLASH_CUDA_BWD_KERNEL=0 turns it off); else the
     // exact reference, deterministic.
     if (bwd_kernel_covers(q, call.dims, call.opts, deterministic)) {
-        return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts, deterministic);
+        return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts, deterministic,
+                          call.philox);
     }
+    check_reference_can_drop(call);
     return reference::bwd(dout, q, k, v, out, softmax_lse, call.opts);
 }
 
@@ -484,10 +537,11 @@ BwdResult mha_varlen_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor&
     // The sm80 kernel where it covers the call (packed rows, per-sequence lengths); else the
     // exact reference, deterministic.
     if (call.dims.total_q > 0 && k.size(0) > 0 && k.size(0) <= INT32_MAX &&
-        bwd_kernel_covers(q, call.dims, call.opts, deterministic)) {
+        bwd_kernel_covers(q, call.dims, call.opts, deterministic, /*varlen=*/true)) {
         return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts, deterministic,
-                          cu_seqlens_q, cu_seqlens_k);
+                          call.philox, cu_seqlens_q, cu_seqlens_k);
     }
+    check_reference_can_drop(call);
     return reference::varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                  max_seqlen_q, max_seqlen_k, call.opts);
 }
@@ -609,7 +663,7 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     // each sequence limited to its cache_seqlens + new tokens (seqused_k), split over the keys
     // when that fills the GPU better. Head dims that need padding take the exact reference,
     // given what the append step produced (nothing is appended or rotated twice).
-    const bool kernel = fwd_kernel_covers(q, dims.head_dim, 0.0, false) &&
+    const bool kernel = fwd_kernel_covers(q, dims.head_dim, call.opts, false) &&
                         dims.head_dim % 8 == 0 && aligned_for_kernels(q_attn) &&
                         aligned_for_kernels(k_cache) && aligned_for_kernels(v_cache);
     if (!kernel) {

@@ -29,7 +29,7 @@ CheckedCall fwd_prologue(const at::Tensor& q, const at::Tensor& k, const at::Ten
     if (rng_state.has_value()) check_rng_state(*rng_state, q, "rng_state");
     const MaskArgs mask = normalize_mask(causal, window_left, window_right, dims.seqlen_k);
     const PhiloxSeed seed = philox_seed_for(q, rng_state, dropout_p, dims.batch * dims.heads);
-    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed)};
+    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed), seed};
 }
 
 CheckedCall varlen_fwd_prologue(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -49,7 +49,7 @@ CheckedCall varlen_fwd_prologue(const at::Tensor& q, const at::Tensor& k, const 
     // every sequence (with its own lengths) by the kernel and the reference alike.
     const MaskArgs mask = normalize_mask(causal, window_left, window_right, max_seqlen_k);
     const PhiloxSeed seed = philox_seed_for(q, rng_state, dropout_p, dims.batch * dims.heads);
-    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed)};
+    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed), seed};
 }
 
 CheckedCall bwd_prologue(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -64,8 +64,9 @@ CheckedCall bwd_prologue(const at::Tensor& dout, const at::Tensor& q, const at::
     check_alibi(alibi_slopes, q, dims);
     check_rng_state(rng_state, q, "rng_state");
     const MaskArgs mask = normalize_mask(causal, window_left, window_right, dims.seqlen_k);
-    const PhiloxSeed seed = philox_seed_from_state(rng_state);
-    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed)};
+    // No copy of rng_state without dropout (a host sync, and not capturable in a CUDA graph).
+    const PhiloxSeed seed = dropout_p > 0.0 ? philox_seed_from_state(rng_state) : PhiloxSeed{};
+    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed), seed};
 }
 
 CheckedCall varlen_bwd_prologue(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -83,8 +84,9 @@ CheckedCall varlen_bwd_prologue(const at::Tensor& dout, const at::Tensor& q, con
     check_alibi(alibi_slopes, q, dims);
     check_rng_state(rng_state, q, "rng_state");
     const MaskArgs mask = normalize_mask(causal, window_left, window_right, max_seqlen_k);
-    const PhiloxSeed seed = philox_seed_from_state(rng_state);
-    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed)};
+    // No copy of rng_state without dropout (a host sync, and not capturable in a CUDA graph).
+    const PhiloxSeed seed = dropout_p > 0.0 ? philox_seed_from_state(rng_state) : PhiloxSeed{};
+    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, dropout_p, seed), seed};
 }
 
 CheckedCall kvcache_prologue(const at::Tensor& q, const at::Tensor& k_cache,
@@ -106,7 +108,8 @@ CheckedCall kvcache_prologue(const at::Tensor& q, const at::Tensor& k_cache,
     const MaskArgs mask = normalize_mask(causal, window_left, window_right, dims.seqlen_k);
     check_kvcache_rotary_positions(q, cache_seqlens, rotary_cos, dims.seqlen_k,
                                    mask.causal || mask.window_left >= 0 || mask.window_right >= 0);
-    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, 0.0, PhiloxSeed{})};
+    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, 0.0, PhiloxSeed{}),
+            PhiloxSeed{}};
 }
 
 at::Tensor rng_state_tensor(const at::Tensor& q, const reference::AttnOptions& opts) {

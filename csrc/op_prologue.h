@@ -17,6 +17,7 @@ namespace flash_cuda {
 struct CheckedCall {
     AttnDims dims;
     reference::AttnOptions opts;  // scale, normalised mask, softcap, alibi, dropout + seed
+    PhiloxSeed philox;            // the dropout seed as drawn (also on-device, graph capture)
 };
 
 using OptionalTensor = std::optional<at::Tensor>;
@@ -37,7 +38,7 @@ CheckedCall varlen_fwd_prologue(const at::Tensor& q, const at::Tensor& k, const 
                                 bool causal, int64_t window_left, int64_t window_right,
                                 double softcap, const OptionalTensor& rng_state);
 
-// bwd / varlen_bwd: (seed, offset) read from the forward's rng_state.
+// bwd / varlen_bwd: (seed, offset) read from the forward's rng_state (only with dropout).
 CheckedCall bwd_prologue(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                          const at::Tensor& v, const at::Tensor& out,
                          const at::Tensor& softmax_lse, const OptionalTensor& alibi_slopes,

@@ -106,6 +106,12 @@ struct FwdParams : public QKVParams {
     uint64_t philox_seed;
     uint64_t philox_offset;
     int64_t* __restrict__ rng_state;
+    // CUDA graph capture (torch's PhiloxCudaState): when set, the kernels read the seed and
+    // offset on the device, seed = *philox_seed_ptr, offset = *philox_offset_ptr +
+    // philox_offset_intragraph, instead of philox_seed / philox_offset.
+    const int64_t* philox_seed_ptr;
+    const int64_t* philox_offset_ptr;
+    uint64_t philox_offset_intragraph;
 
     // Local (sliding window) attention, bottom-right aligned; -1 = unbounded.
     int window_size_left, window_size_right;

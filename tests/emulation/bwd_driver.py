@@ -5,7 +5,8 @@ inputs (raw storage + strides), runs the emulator binary for the kernel head dim
 (dq, dk, dv) like torch.ops.flash_cuda.bwd, or like varlen_bwd when cu_seqlens_q / cu_seqlens_k
 are given (q, out, dout (total_q, h, d), k, v (total_k, hk, d), lse (h, total_q)). Softcap,
 ALiBi slopes ((h) or (b, h) fp32) and deterministic mode (`splits` dq slices) as the host passes
-them; no dropout.
+them; dropout (fixed length, no softcap / ALiBi) with dropout_p and the forward's rng_state =
+(seed, offset).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ BWD_HEAD_DIMS = KERNEL_HEAD_DIMS
 def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window=(-1, -1),
                      softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
                      max_seqlen_q=None, max_seqlen_k=None, deterministic=False, splits=1,
-                     timeout=1800):
+                     dropout_p=0.0, rng_state=None, philox_on_device=False, timeout=1800):
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
     if softmax_scale is None:
@@ -52,6 +53,10 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
             "causal": int(causal), "total_q": total_q, "total_k": total_k,
             "deterministic": int(deterministic), "splits": int(splits),
         }
+        if dropout_p > 0:
+            seed, offset = (int(x) & ((1 << 64) - 1) for x in rng_state)
+            params.update(dropout_p=repr(float(dropout_p)), philox_seed=seed, philox_offset=offset,
+                          philox_on_device=int(philox_on_device))
         for name, t in (("q", q), ("k", k), ("v", v), ("o", out), ("do", dout)):
             offset, strides = _write_storage(tmp / f"{name}.bin", t)
             params[f"{name}_offset"] = offset

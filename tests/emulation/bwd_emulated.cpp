@@ -58,8 +58,13 @@ void run(BwdParams& params) {
            &mha_bwd_preprocess_kernel<Element>, params);
     const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
-    launch(grid, Traits::kNThreads, Traits::kSmemBytes,
-           &mha_bwd_sm80_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap>, params);
+    if (params.p_keep < 1.f) {
+        launch(grid, Traits::kNThreads, Traits::kSmemBytes,
+               &mha_bwd_sm80_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap, true>, params);
+    } else {
+        launch(grid, Traits::kNThreads, Traits::kSmemBytes,
+               &mha_bwd_sm80_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap>, params);
+    }
     launch(dim3(4), 256, 0, &mha_bwd_convert_dq_kernel<Element, EMU_HEAD_DIM>, params);
     launch(dim3(4), 256, 0, &mha_bwd_convert_dkv_kernel<Element, EMU_HEAD_DIM>, params);
 }
@@ -154,6 +159,27 @@ int main(int argc, char** argv) {
     }
     p.deterministic = geti("deterministic") != 0;
     p.num_splits = p.deterministic ? static_cast<int>(geti("splits")) : 1;
+    // Dropout (optional keys): dropout_p, philox_seed, philox_offset; philox_on_device 1 reads
+    // them through device pointers (the CUDA-graph path: the forward's rng_state tensor).
+    p.p_keep = 1.f;
+    p.rp_keep = 1.f;
+    p.p_keep_threshold = 65536u;
+    int64_t philox_values[2] = {0, 0};
+    if (kv.count("dropout_p") && std::stod(kv.at("dropout_p")) > 0.0) {
+        const double dropout_p = std::stod(kv.at("dropout_p"));
+        p.p_keep = static_cast<float>(1.0 - dropout_p);
+        p.p_keep_threshold = flash_cuda::dropout_keep_threshold(p.p_keep);
+        p.rp_keep = static_cast<float>(1.0 / (1.0 - dropout_p));
+        p.philox_seed = std::stoull(kv.at("philox_seed"));
+        p.philox_offset = std::stoull(kv.at("philox_offset"));
+        if (kv.count("philox_on_device") && geti("philox_on_device") != 0) {
+            philox_values[0] = static_cast<int64_t>(p.philox_seed);
+            philox_values[1] = static_cast<int64_t>(p.philox_offset);
+            p.philox_seed_ptr = &philox_values[0];
+            p.philox_offset_ptr = &philox_values[1];
+            p.philox_seed = p.philox_offset = 0;  // must not be used
+        }
+    }
 
     const size_t b = p.b, h = p.h, hk = p.h_k, sq = p.seqlen_q, sk = p.seqlen_k, d = p.d;
     const size_t hd = EMU_HEAD_DIM;

@@ -80,13 +80,17 @@ def normalize_mask(causal: bool, left: int, right: int, seqlen_k: int):
 def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0,
                      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                      max_seqlen_k=None, seqused_k=None, block_table=None, cache_batch_idx=None,
-                     cache_leftpad=None, num_splits=1, pack_gqa=False, timeout=1800):
+                     cache_leftpad=None, num_splits=1, pack_gqa=False, dropout_p=0.0,
+                     rng_state=None, philox_on_device=False, return_rng_state=False, timeout=1800):
     """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd.
 
     KV cache / decode extras (the kernel part of fwd_kvcache; no append): block_table (k, v
     paged (num_blocks, page, hk, d); seqlen_k = block_table columns x page), cache_batch_idx,
     cache_leftpad (int32 (b)), num_splits (0 = the host heuristic), pack_gqa (GQA packing where
-    kernels/decode.h allows it)."""
+    kernels/decode.h allows it).
+    Dropout: dropout_p with rng_state = (seed, offset) (the mask of csrc/kernels/philox.cuh);
+    philox_on_device passes them as device pointers (the CUDA-graph path), and the kernel writes
+    the rng_state it used, returned third with return_rng_state."""
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
     if softmax_scale is None:
@@ -114,6 +118,10 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
             "softcap": repr(float(softcap)), "window_left": left, "window_right": right,
             "causal": int(causal), "num_splits": int(num_splits), "pack_gqa": int(pack_gqa),
         }
+        if dropout_p > 0:
+            seed, offset = (int(x) & ((1 << 64) - 1) for x in rng_state)
+            params.update(dropout_p=repr(float(dropout_p)), philox_seed=seed, philox_offset=offset,
+                          philox_on_device=int(philox_on_device))
         for name, t in (("q", q), ("k", k), ("v", v)):
             offset, strides = _write_storage(tmp / f"{name}.bin", t)
             params[f"{name}_offset"] = offset
@@ -155,6 +163,9 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
         else:
             out = out_raw.view(b, sq, h, dp)[..., :d]
             lse = lse.view(b, h, sq)
+        if return_rng_state:
+            written = torch.from_file(str(tmp / "rng_state.bin"), size=2, dtype=torch.int64).clone()
+            return out, lse, written
         return out, lse
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -36,12 +36,16 @@ using namespace emu_host;
 template <typename Element, typename Traits, bool Causal>
 void run_traits(FwdParams& params) {
     // fwd_launch.cuh: the decode tile runs (KV) heads along x, splits x m blocks along z.
-    const bool packed = Traits::kPackGQA && params.gqa_pack > 1;
-    const int rows = params.seqlen_q * (packed ? params.gqa_pack : 1);
-    const int num_m_blocks = (rows + Traits::kBlockM - 1) / Traits::kBlockM;
-    const int heads = packed ? params.h / params.gqa_pack : params.h;
-    const dim3 grid = Traits::kSplitKV ? dim3(heads, params.b, num_m_blocks * params.num_splits)
-                                       : dim3(num_m_blocks, params.b, params.h);
+    auto grid_for = [&](auto traits) {
+        using T = decltype(traits);
+        const bool packed = T::kPackGQA && params.gqa_pack > 1;
+        const int rows = params.seqlen_q * (packed ? params.gqa_pack : 1);
+        const int num_m_blocks = (rows + T::kBlockM - 1) / T::kBlockM;
+        const int heads = packed ? params.h / params.gqa_pack : params.h;
+        return T::kSplitKV ? dim3(heads, params.b, num_m_blocks * params.num_splits)
+                           : dim3(num_m_blocks, params.b, params.h);
+    };
+    const dim3 grid = grid_for(Traits{});
     // Same variant choice as csrc/kernels/sm80/fwd_launch.cuh.
     const bool has_softcap = params.softcap > 0.f;
     const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
@@ -50,6 +54,19 @@ void run_traits(FwdParams& params) {
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] { kernel(params); });
     };
     using namespace flash_cuda::sm80;
+    if (params.p_keep < 1.f) {  // dropout: the tiles of fwd_launch.cuh (BiasTraits with a bias)
+        auto dgo = [&](auto traits, auto kernel) {
+            using T = decltype(traits);
+            emu::launch(grid_for(traits), T::kNThreads, T::kSmemBytes, [&] { kernel(params); });
+        };
+        using BTraits = bias_traits_t<FwdConfig<EMU_HEAD_DIM>>;
+        using ATraits = alibi_softcap_traits_t<FwdConfig<EMU_HEAD_DIM>>;
+        if (has_softcap && has_alibi) dgo(ATraits{}, &mha_fwd_sm80_kernel<Element, ATraits, Causal, true, true, true>);
+        else if (has_softcap) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, false, true, true>);
+        else if (has_alibi) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, true, false, true>);
+        else dgo(Traits{}, &mha_fwd_sm80_kernel<Element, Traits, Causal, false, false, true>);
+        return;
+    }
     if (has_softcap && has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, true>);
     else if (has_softcap) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, false, true>);
     else if (has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, false>);
@@ -185,6 +202,30 @@ int main(int argc, char** argv) {
     }
     if (has_batch_idx) p.cache_batch_idx = reinterpret_cast<int*>(batch_idx.data);
     if (has_leftpad) p.leftpad_k = reinterpret_cast<int*>(leftpad.data);
+    // Dropout (optional keys): dropout_p, philox_seed, philox_offset; philox_on_device 1 passes
+    // them through device pointers (the CUDA-graph path) and has the kernel write rng_state.
+    p.p_keep = 1.f;
+    p.rp_keep = 1.f;
+    p.p_keep_threshold = 65536u;
+    int64_t philox_values[2] = {0, 0};
+    int64_t rng_state_out[2] = {-1, -1};
+    if (kv.count("dropout_p") && std::stod(kv.at("dropout_p")) > 0.0) {
+        const double dropout_p = std::stod(kv.at("dropout_p"));
+        p.p_keep = static_cast<float>(1.0 - dropout_p);
+        p.p_keep_threshold = flash_cuda::dropout_keep_threshold(p.p_keep);
+        p.rp_keep = static_cast<float>(1.0 / (1.0 - dropout_p));
+        p.philox_seed = std::stoull(kv.at("philox_seed"));
+        p.philox_offset = std::stoull(kv.at("philox_offset"));
+        if (kv.count("philox_on_device") && geti("philox_on_device") != 0) {
+            philox_values[0] = static_cast<int64_t>(p.philox_seed);
+            philox_values[1] = static_cast<int64_t>(p.philox_offset) - 5;
+            p.philox_seed_ptr = &philox_values[0];
+            p.philox_offset_ptr = &philox_values[1];
+            p.philox_offset_intragraph = 5;
+            p.philox_seed = p.philox_offset = 0;  // must not be used
+            p.rng_state = rng_state_out;
+        }
+    }
 
     // Output: contiguous (b, sq, h, d) or (total_q, h, d); lse (b, h, sq) or (h, total_q).
     const long long rows = varlen ? p.total_q : static_cast<long long>(p.b) * p.seqlen_q;
@@ -233,6 +274,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "emulation error: write outside o / lse\n");
         return 3;
     }
+    write_file(dir + "/rng_state.bin", rng_state_out, sizeof(rng_state_out));
     write_file(dir + "/o.bin", o.data(), o.size);
     write_file(dir + "/lse.bin", lse.data(), lse.size);
     return 0;

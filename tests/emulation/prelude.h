@@ -139,3 +139,23 @@ inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
     w.barrier.arrive_and_wait();
     return other;
 }
+
+inline uint32_t __shfl_xor_sync(unsigned mask, uint32_t value, int lane_mask) {
+    float f, r;
+    std::memcpy(&f, &value, 4);
+    r = __shfl_xor_sync(mask, f, lane_mask);
+    uint32_t out;
+    std::memcpy(&out, &r, 4);
+    return out;
+}
+
+inline uint32_t __shfl_sync(unsigned /*mask*/, uint32_t value, int src_lane) {
+    emu::WarpContext& w = emu::warp();
+    const int lane = emu::lane();
+    std::memcpy(&w.words[lane][0], &value, 4);
+    w.barrier.arrive_and_wait();
+    uint32_t other;
+    std::memcpy(&other, &w.words[src_lane & 31][0], 4);
+    w.barrier.arrive_and_wait();
+    return other;
+}

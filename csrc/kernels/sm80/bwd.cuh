@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/dropout.cuh"
 #include "kernels/mask.cuh"
 #include "kernels/params.h"
 #include "kernels/ptx.cuh"
@@ -294,7 +295,11 @@ __device__ __forceinline__ void warp_gemm_dq(float (&acc)[Traits::kDqDTiles][4],
 
 // Template parameters as the forward's: Causal (window right side 0), HasAlibi (bias from
 // params.alibi_slopes_ptr), HasSoftcap (params.softcap > 0).
-template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
+// IsDropout: P is dropped with the forward's mask (dropout.cuh): dV += (P o M / p_keep)^T dO,
+// dZ = P o (dP o M / p_keep - D), with D = rowsum(dO o O) of the dropped output (fixed length
+// only; the host routes varlen / deterministic dropout to the reference).
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap,
+          bool IsDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_bwd_sm80_kernel(const __grid_constant__ BwdParams params) {
     constexpr int kBlockM = Traits::kBlockM;
@@ -444,6 +449,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 smem + stage * Traits::kSmemQStageBytes + Traits::kSmemLseOffset);
             const float* smem_dsum = reinterpret_cast<const float*>(
                 smem + stage * Traits::kSmemQStageBytes + Traits::kSmemDOffset);
+            uint32_t keep[kKeyTiles][(kQTiles8 + 7) / 8];  // dropout: kept P^T elements
+            if constexpr (IsDropout) {
+                dropout_keep_bits_transposed<kKeyTiles, kQTiles8>(
+                    keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + warp_key0,
+                    m0, lane);
+            }
 
             float acc_s[kKeyTiles][kQTiles8][4];
             float acc_dp[kKeyTiles][kQTiles8][4];
@@ -504,8 +515,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                 }
                                 p = visible ? ptx::exp2_approx(x - lse_log2) : 0.f;
                             }
-                            acc_s[mt][nt][e] = p;
-                            acc_dp[mt][nt][e] = p * (acc_dp[mt][nt][e] - dsum);
+                            float dp = acc_dp[mt][nt][e];
+                            float p_dv = p;  // P in dV += P^T dO (dropped and scaled)
+                            if constexpr (IsDropout) {
+                                const bool kept = (keep[mt][nt / 8] >> (4 * (nt % 8) + e)) & 1u;
+                                p_dv = kept ? p * params.rp_keep : 0.f;
+                                dp = kept ? dp * params.rp_keep : 0.f;
+                            }
+                            acc_s[mt][nt][e] = p_dv;
+                            acc_dp[mt][nt][e] = p * (dp - dsum);
                             if constexpr (HasSoftcap) acc_dp[mt][nt][e] *= dscore;
                         }
                     }

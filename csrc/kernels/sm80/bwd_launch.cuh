@@ -7,8 +7,9 @@
 // seqlen_*_rounded multiples of 128. Varlen (cu_seqlens_q / cu_seqlens_k, total_q, total_k,
 // seqlen_q / seqlen_k = the max lengths): dq_accum zeroed (splits, h, total_q, HeadDim), dk / dv
 // workspaces (h, total_k, HeadDim), dsoftmax_sum (h, total_q). splits = num_splits when
-// deterministic (dq_accum_split_stride floats apart), else 1. No dropout (the host routes it to
-// the reference).
+// deterministic (dq_accum_split_stride floats apart), else 1. Dropout (p_keep < 1) is a template
+// flag of the main kernel, compiled without softcap / ALiBi only (the host routes dropout with
+// those, varlen or deterministic to the reference), which keeps the build small.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,24 +48,42 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         }
     }
     if (params.seqlen_k > 0) {
+        // One instantiation of the main kernel: the tile of the bias kernels when softcap or
+        // ALiBi is on.
+        auto launch = [&](auto alibi_tag, auto softcap_tag, auto dropout_tag) {
+            constexpr bool kHasAlibi = decltype(alibi_tag)::value;
+            constexpr bool kHasSoftcap = decltype(softcap_tag)::value;
+            constexpr bool kIsDropout = decltype(dropout_tag)::value;
+            using Traits = std::conditional_t<kHasAlibi || kHasSoftcap,
+                                              typename sm80::BwdBiasTraitsOf<Config>::type,
+                                              typename Config::Traits>;
+            auto kernel = &sm80::mha_bwd_sm80_kernel<Element, Traits, Causal, kHasAlibi,
+                                                     kHasSoftcap, kIsDropout>;
+            constexpr int kSmemBytes = Traits::kSmemBytes;
+            reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel");
+            const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+            const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b,
+                            params.h);
+            kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+            FLASH_CUDA_CHECK_LAUNCH();
+        };
         const bool has_softcap = params.softcap > 0.f;
         const bool has_alibi = params.alibi_slopes_ptr != nullptr;
-        BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
-            BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
-                using Traits = std::conditional_t<kHasAlibi || kHasSoftcap,
-                                                  typename sm80::BwdBiasTraitsOf<Config>::type,
-                                                  typename Config::Traits>;
-                auto kernel =
-                    &sm80::mha_bwd_sm80_kernel<Element, Traits, Causal, kHasAlibi, kHasSoftcap>;
-                constexpr int kSmemBytes = Traits::kSmemBytes;
-                reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel");
-                const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-                const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b,
-                                params.h);
-                kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
-                FLASH_CUDA_CHECK_LAUNCH();
+        using False = std::false_type;
+        if (params.p_keep < 1.f) {
+            if (has_softcap || has_alibi || varlen || params.deterministic) {
+                throw std::runtime_error("flash_cuda: the backward kernel's dropout covers fixed "
+                                         "length without softcap / ALiBi, non-deterministic");
+            }
+            launch(False{}, False{}, std::true_type{});
+        } else {
+            BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
+                BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
+                    launch(std::bool_constant<kHasAlibi>{}, std::bool_constant<kHasSoftcap>{},
+                           False{});
+                });
             });
-        });
+        }
     }
     {
         const int64_t rows = varlen ? params.total_q : static_cast<int64_t>(params.b) * params.seqlen_q;

@@ -7,9 +7,10 @@
 //     S = Q K_n^T                fp32 accumulators in registers (warp_gemm.cuh)
 //     softcap / ALiBi / mask     on the fragments (mask.cuh); masking only on edge blocks
 //     online softmax             row max/sum by quad shuffles, O rescaled (softmax.cuh)
-//     [dropout on P would go here: P is fp32 in the S registers, rows/cols as in mask.cuh]
 //     O += P V_n, l += P 1       P converted in registers into the A operand; the row sums l
 //                                of the 16-bit P come from the tensor cores (softmax.cuh)
+//     dropout (IsDropout)        dropped elements of P zeroed after the row sums, before P V
+//                                (dropout.cuh); O scaled by 1 / p_keep at the end
 //   O / l -> shared memory (over the Q tile) -> global with 16-byte stores; lse per row.
 // Key blocks run from the last to the first so the blocks that need masking on the causal
 // diagonal / sequence end come first and the rest run without mask code.
@@ -28,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/dropout.cuh"
 #include "kernels/mask.cuh"
 #include "kernels/params.h"
 #include "kernels/ptx.cuh"
@@ -113,6 +115,8 @@ struct CtaScalars {
     int diag;                 // seqlen_k - seqlen_q
     KeyRange key_range;       // visible keys per query row
     float alibi_slope;        // this (batch, head)'s ALiBi slope (ALiBi kernels only)
+    uint64_t dropout_seed;    // dropout (IsDropout): Philox key and stream of this (batch, head)
+    uint64_t dropout_stream;
 };
 
 // Grid. 128-row tile: (m blocks, b, h). Decode tile (Traits::kSplitKV): (h, b, splits x m
@@ -390,8 +394,10 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
 
 // Template parameters: Causal (window right side fixed to 0), HasAlibi (scores converted to
 // natural-log units with the ALiBi bias; also used, with slope 0, when softmax_scale <= 0 so
-// the exponent factor stays positive), HasSoftcap (tanh capping).
-template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
+// the exponent factor stays positive), HasSoftcap (tanh capping), IsDropout (dropout of P: l
+// and lse stay those of the undropped softmax, O is scaled by 1 / p_keep at the end).
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap,
+          bool IsDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_fwd_sm80_kernel(const __grid_constant__ FwdParams params) {
     constexpr int kBlockM = Traits::kBlockM;
@@ -422,6 +428,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int batch = blockIdx.y;
     const int head = coords.head;
     const int m0 = m_block * kBlockM;  // first query row of this CTA
+    if constexpr (IsDropout) write_rng_state(params, tid);
 
     int n_block_min, n_block_max;      // key blocks some row of the tile can see
     // CTA-wide scalars read only now and then in the main loop. They live in shared memory
@@ -471,6 +478,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             cta.unmasked_keys_begin = mask.key_begin(position(m0 + kBlockM - 1));
             cta.key_range = KeyRange::make(mask);
             cta.diag = mask.diag;
+            if constexpr (IsDropout) {
+                const DropoutMask dropout =
+                    DropoutMask::make(params, static_cast<int64_t>(batch) * params.h + head);
+                cta.dropout_seed = dropout.seed;
+                cta.dropout_stream = dropout.stream;
+            }
         }
 
         // ---- No visible key for any row of the tile (seqlen_k = 0, causal with seqlen_q >
@@ -626,7 +639,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
 
         softmax.update(acc_s, acc_o, log2_scale);
-        // (Dropout would be applied to acc_s here, after the row sums.)
         uint32_t p_frag[kMTiles][kBlockN / 16][4];
         convert_p_to_a_fragments<Element, Traits>(p_frag, acc_s);
 
@@ -637,11 +649,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx::cp_async_commit();
 
         warp_gemm_p_rowsum<Element, Traits>(softmax.row_sum, p_frag);
+        if constexpr (IsDropout) {  // on the packed fragments, after the row sums (undropped l)
+            apply_dropout(p_frag,
+                          DropoutMask{cta.dropout_seed, cta.dropout_stream, params.p_keep_threshold},
+                          ptx::opaque(m0 + warp_row0 + lane / 4), n_block * kBlockN, lane);
+        }
         warp_gemm_pv<Element, Traits>(acc_o, p_frag, smem_v + slot * Traits::kSmemKVTileBytes, lane);
     }
     ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway
 
     // ---- Epilogue.
+    if constexpr (IsDropout) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= params.rp_keep;
+            }
+        }
+    }
     store_output<Element, Traits>(params, batch, head, m0, acc_o, softmax, log2_scale, smem_q);
 }
 
