@@ -1,6 +1,6 @@
 // Host launcher of the sm80 backward (declared in kernels/launch.h). Included by the generated
 // csrc/instantiations/bwd_hdim*_sm80.cu files, one (Element, HeadDim, Causal) each; softcap and
-// ALiBi become template flags here (static_switch.h), as in fwd_launch.cuh.
+// ALiBi become template flags here (launch_bwd_kernel), as in fwd_launch.cuh.
 // The caller (flash_api.cpp) provides, fixed length: dq_accum_ptr zeroed fp32
 // (splits, b, h, seqlen_q_rounded, HeadDim); dk_accum_ptr / dv_accum_ptr fp32
 // (b, h, seqlen_k_rounded, HeadDim); dsoftmax_sum fp32 (b, h, seqlen_q_rounded);
@@ -22,9 +22,26 @@
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm80/bwd.cuh"
-#include "kernels/static_switch.h"
 
 namespace flash_cuda {
+
+namespace sm80 {
+
+// One instantiation of the main kernel on the tile Traits (the bias tile when softcap or ALiBi
+// is on). Grid: key blocks (deterministic: num_splits CTAs, each walking key blocks in order).
+template <typename Element, typename Traits, bool Causal, bool kHasAlibi, bool kHasSoftcap,
+          bool kIsDropout>
+void launch_bwd_kernel(BwdParams& params, cudaStream_t stream) {
+    auto kernel = &mha_bwd_sm80_kernel<Element, Traits, Causal, kHasAlibi, kHasSoftcap, kIsDropout>;
+    constexpr int kSmemBytes = Traits::kSmemBytes;
+    reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel");
+    const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
+    kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+    FLASH_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace sm80
 
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
@@ -48,41 +65,24 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         }
     }
     if (params.seqlen_k > 0) {
-        // One instantiation of the main kernel: the tile of the bias kernels when softcap or
-        // ALiBi is on.
-        auto launch = [&](auto alibi_tag, auto softcap_tag, auto dropout_tag) {
-            constexpr bool kHasAlibi = decltype(alibi_tag)::value;
-            constexpr bool kHasSoftcap = decltype(softcap_tag)::value;
-            constexpr bool kIsDropout = decltype(dropout_tag)::value;
-            using Traits = std::conditional_t<kHasAlibi || kHasSoftcap,
-                                              typename sm80::BwdBiasTraitsOf<Config>::type,
-                                              typename Config::Traits>;
-            auto kernel = &sm80::mha_bwd_sm80_kernel<Element, Traits, Causal, kHasAlibi,
-                                                     kHasSoftcap, kIsDropout>;
-            constexpr int kSmemBytes = Traits::kSmemBytes;
-            reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel");
-            const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-            const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b,
-                            params.h);
-            kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
-            FLASH_CUDA_CHECK_LAUNCH();
-        };
         const bool has_softcap = params.softcap > 0.f;
         const bool has_alibi = params.alibi_slopes_ptr != nullptr;
-        using False = std::false_type;
+        using BiasTraits = typename sm80::BwdBiasTraitsOf<Config>::type;
+        using Traits = typename Config::Traits;
         if (params.p_keep < 1.f) {
             if (has_softcap || has_alibi || varlen || params.deterministic) {
                 throw std::runtime_error("flash_cuda: the backward kernel's dropout covers fixed "
                                          "length without softcap / ALiBi, non-deterministic");
             }
-            launch(False{}, False{}, std::true_type{});
+            sm80::launch_bwd_kernel<Element, Traits, Causal, false, false, true>(params, stream);
+        } else if (has_softcap && has_alibi) {
+            sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, true, false>(params, stream);
+        } else if (has_softcap) {
+            sm80::launch_bwd_kernel<Element, BiasTraits, Causal, false, true, false>(params, stream);
+        } else if (has_alibi) {
+            sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, false, false>(params, stream);
         } else {
-            BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
-                BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
-                    launch(std::bool_constant<kHasAlibi>{}, std::bool_constant<kHasSoftcap>{},
-                           False{});
-                });
-            });
+            sm80::launch_bwd_kernel<Element, Traits, Causal, false, false, false>(params, stream);
         }
     }
     {

@@ -1,7 +1,7 @@
 // Host launcher of the sm80 forward kernel (declared in kernels/launch.h). Included by the
 // generated csrc/instantiations/fwd_hdim*_sm80.cu files, one (Element, HeadDim, Causal) each.
 // Runtime features that change the inner loop (softcap, ALiBi, dropout) become template parameters
-// here through static_switch.h; everything else (window, varlen, sequence ends, GQA) is read
+// here (launch_fwd); everything else (window, varlen, sequence ends, GQA) is read
 // from the params at run time.
 #pragma once
 
@@ -16,17 +16,49 @@
 #include "kernels/sm80/fwd.cuh"
 #include "kernels/sm80/traits.h"
 #include "kernels/sm80/tune_configs.h"
-#include "kernels/static_switch.h"
 
 namespace flash_cuda {
 
 namespace sm80 {
 
+// One instantiation of the kernel on the tile KernelTraits.
+template <typename Element, typename KernelTraits, bool Causal, bool kHasAlibi, bool kHasSoftcap,
+          bool kIsDropout>
+void launch_fwd_kernel(FwdParams& params, cudaStream_t stream) {
+    auto kernel = &sm80::mha_fwd_sm80_kernel<Element, KernelTraits, Causal, kHasAlibi,
+                                             kHasSoftcap, kIsDropout>;
+    constexpr int kSmemBytes = KernelTraits::kSmemBytes;
+    reserve_dynamic_smem(kernel, kSmemBytes, "forward kernel");
+    if ((!KernelTraits::kSplitKV && params.num_splits > 1) ||
+        (!KernelTraits::kPagedKV && params.block_table != nullptr) ||
+        (!KernelTraits::kPackGQA && params.gqa_pack > 1)) {
+        throw std::runtime_error("flash_cuda: split-KV / paged KV need the decode tile");
+    }
+    // In-kernel GQA packing (decode tile): one CTA column per KV head, g rows per query.
+    const bool packed = KernelTraits::kPackGQA && params.gqa_pack > 1;
+    const int64_t rows = static_cast<int64_t>(params.seqlen_q) * (packed ? params.gqa_pack : 1);
+    const int num_m_blocks =
+        static_cast<int>((rows + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM);
+    const int grid_heads = packed ? params.h / params.gqa_pack : params.h;
+    // fwd.cuh block_coords: the decode tile runs heads along x and splits x m blocks
+    // along z (split-major), the 128-row tile m blocks along x and heads along z.
+    const int64_t m_split_blocks = static_cast<int64_t>(num_m_blocks) * params.num_splits;
+    if (KernelTraits::kSplitKV && m_split_blocks > 65535) {
+        throw std::runtime_error("flash_cuda: decode tile supports at most 65535 query "
+                                 "blocks x splits, got " + std::to_string(m_split_blocks));
+    }
+    const dim3 grid = KernelTraits::kSplitKV
+                          ? dim3(grid_heads, params.b, static_cast<unsigned>(m_split_blocks))
+                          : dim3(num_m_blocks, params.b, params.h);
+    kernel<<<grid, KernelTraits::kNThreads, kSmemBytes, stream>>>(params);
+    FLASH_CUDA_CHECK_LAUNCH();
+}
+
 // Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap variants
 // (they keep more values live in the score loop, so a head dim may give them a smaller tile),
 // BothTraits with ALiBi and softcap together. Dropout (p_keep < 1) is a template flag (the
-// kernels without it are unchanged); it runs on the same tiles (dropout.cuh works on the packed
-// P fragments).
+// kernels without it are unchanged), compiled without softcap / ALiBi only (the host routes
+// those combinations to the reference), which keeps the build small.
 template <typename Element, typename Traits, typename BiasTraits, typename BothTraits, bool Causal>
 void launch_fwd(FwdParams& params, cudaStream_t stream) {
     if (params.seqlen_q <= 0 || params.b <= 0 || params.h <= 0) return;
@@ -42,58 +74,21 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
     const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
                            (!has_softcap && !(params.scale_softmax > 0.f));
     const bool is_dropout = params.p_keep < 1.f;
-    // One instantiation of the kernel (and its tile: BothTraits / BiasTraits with ALiBi and
-    // softcap / either). Dropout is compiled without softcap / ALiBi only (the host routes those
-    // combinations to the reference), which keeps the build small.
-    auto launch = [&](auto alibi_tag, auto softcap_tag, auto dropout_tag) {
-        constexpr bool kHasAlibi = decltype(alibi_tag)::value;
-        constexpr bool kHasSoftcap = decltype(softcap_tag)::value;
-        constexpr bool kIsDropout = decltype(dropout_tag)::value;
-        using KernelTraits = std::conditional_t<
-            kHasAlibi && kHasSoftcap, BothTraits,
-            std::conditional_t<kHasAlibi || kHasSoftcap, BiasTraits, Traits>>;
-        auto kernel = &sm80::mha_fwd_sm80_kernel<Element, KernelTraits, Causal, kHasAlibi,
-                                                 kHasSoftcap, kIsDropout>;
-        constexpr int kSmemBytes = KernelTraits::kSmemBytes;
-        reserve_dynamic_smem(kernel, kSmemBytes, "forward kernel");
-        if ((!KernelTraits::kSplitKV && params.num_splits > 1) ||
-            (!KernelTraits::kPagedKV && params.block_table != nullptr) ||
-            (!KernelTraits::kPackGQA && params.gqa_pack > 1)) {
-            throw std::runtime_error("flash_cuda: split-KV / paged KV need the decode tile");
-        }
-        // In-kernel GQA packing (decode tile): one CTA column per KV head, g rows per query.
-        const bool packed = KernelTraits::kPackGQA && params.gqa_pack > 1;
-        const int64_t rows = static_cast<int64_t>(params.seqlen_q) * (packed ? params.gqa_pack : 1);
-        const int num_m_blocks =
-            static_cast<int>((rows + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM);
-        const int grid_heads = packed ? params.h / params.gqa_pack : params.h;
-        // fwd.cuh block_coords: the decode tile runs heads along x and splits x m blocks
-        // along z (split-major), the 128-row tile m blocks along x and heads along z.
-        const int64_t m_split_blocks = static_cast<int64_t>(num_m_blocks) * params.num_splits;
-        if (KernelTraits::kSplitKV && m_split_blocks > 65535) {
-            throw std::runtime_error("flash_cuda: decode tile supports at most 65535 query "
-                                     "blocks x splits, got " + std::to_string(m_split_blocks));
-        }
-        const dim3 grid = KernelTraits::kSplitKV
-                              ? dim3(grid_heads, params.b, static_cast<unsigned>(m_split_blocks))
-                              : dim3(num_m_blocks, params.b, params.h);
-        kernel<<<grid, KernelTraits::kNThreads, kSmemBytes, stream>>>(params);
-        FLASH_CUDA_CHECK_LAUNCH();
-    };
-    using False = std::false_type;
     if (is_dropout) {
         if (has_softcap || has_alibi) {
             throw std::runtime_error("flash_cuda: the forward kernel's dropout covers neither "
                                      "softcap nor ALiBi");
         }
-        launch(False{}, False{}, std::true_type{});
-        return;
+        launch_fwd_kernel<Element, Traits, Causal, false, false, true>(params, stream);
+    } else if (has_softcap && has_alibi) {
+        launch_fwd_kernel<Element, BothTraits, Causal, true, true, false>(params, stream);
+    } else if (has_softcap) {
+        launch_fwd_kernel<Element, BiasTraits, Causal, false, true, false>(params, stream);
+    } else if (has_alibi) {
+        launch_fwd_kernel<Element, BiasTraits, Causal, true, false, false>(params, stream);
+    } else {
+        launch_fwd_kernel<Element, Traits, Causal, false, false, false>(params, stream);
     }
-    BOOL_SWITCH(has_softcap, kHasSoftcap, [&] {
-        BOOL_SWITCH(has_alibi, kHasAlibi, [&] {
-            launch(std::bool_constant<kHasAlibi>{}, std::bool_constant<kHasSoftcap>{}, False{});
-        });
-    });
 }
 
 // Tuning builds: the variant params.tile_variant of tune_configs.h, if it exists for HeadDim.
