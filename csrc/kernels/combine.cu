@@ -15,6 +15,7 @@
 
 #include <cmath>
 
+#include "kernels/convert.cuh"
 #include "kernels/launch.h"
 
 namespace flash_cuda {
@@ -22,15 +23,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kMaxSplits = 128;
-
-template <typename Element>
-__device__ __forceinline__ Element from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll

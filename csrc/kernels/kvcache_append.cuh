@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "kernels/convert.cuh"
 #include "kernels/kvcache_append.h"
 
 namespace flash_cuda {
@@ -32,18 +33,6 @@ namespace kvcache_append {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
-
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename Element>
-__device__ __forceinline__ Element from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
 
 // mul.rn.f32 / add.rn.f32 / sub.rn.f32: one IEEE fp32 operation, never fused into an FMA and,
 // unlike plain float arithmetic in the --use_fast_math build, without flushing subnormals

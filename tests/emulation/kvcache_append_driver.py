@@ -20,7 +20,7 @@ import torch
 from driver import CUDA_INCLUDE, HERE, ROOT, build_dir
 
 SOURCES = [HERE / "kvcache_append_emulated.cpp", HERE / "prelude.h", HERE / "host_io.h",
-           ROOT / "csrc" / "kernels" / "kvcache_append.cuh",
+           ROOT / "csrc" / "kernels" / "kvcache_append.cuh", ROOT / "csrc" / "kernels" / "convert.cuh",
            ROOT / "csrc" / "kernels" / "kvcache_append.h"]
 
 

@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/convert.cuh"
 #include "kernels/dropout.cuh"
 #include "kernels/mask.cuh"
 #include "kernels/params.h"
@@ -156,17 +157,6 @@ template <typename Config>
 struct BwdBiasTraitsOf<Config, std::void_t<typename Config::BiasTraits>> {
     using type = typename Config::BiasTraits;
 };
-
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename Element>
-__device__ __forceinline__ Element from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
 
 // Where one (batch, query head) starts in every tensor and workspace, fixed length or varlen.
 struct BwdSequence {
