@@ -146,10 +146,8 @@ void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
 }
 
 // Whether a hand-written forward kernel handles this call (else: reference fallback). Dropout
-// runs in the kernels; return_softmax (S_dmask, a debugging output) takes the reference, which
-// draws the same mask.
-// Dropout is compiled without softcap / ALiBi (fwd_launch.cuh); return_softmax (S_dmask) runs
-// the reference.
+// runs in the kernels, compiled without softcap / ALiBi (fwd_launch.cuh); return_softmax
+// (S_dmask, a debugging output) takes the reference, which draws the same mask.
 bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim,
                        const reference::AttnOptions& opts, bool return_softmax) {
     const int hd = kernel_head_dim(head_dim);

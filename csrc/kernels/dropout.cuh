@@ -3,7 +3,7 @@
 //   element (bh, query row i, key j) is kept  <=>  lane j % 8 of
 //       philox(key = seed, counter = {j / 8, i, lo32(bh + offset), hi32(bh + offset)}) < threshold
 // Rows and keys are relative to the sequence start. Kept probabilities are scaled by 1 / p_keep
-// (the forward folds that factor into the final O normalisation).
+// (the forward applies that factor to O once, in its epilogue).
 //
 // Forward (fwd.cuh, layout of mask.cuh: rows are queries): a thread's element (mt, nt, e) holds
 // query row0 + 16 mt + 8 (e / 2) and key col0 + 8 nt + (e % 2), col0 = block key 0 + 2 (lane % 4):
@@ -53,12 +53,6 @@ struct DropoutMask {
         return philox4x32_10(Philox4{group, row, static_cast<uint32_t>(stream),
                                      static_cast<uint32_t>(stream >> 32)},
                              seed);
-    }
-
-    // Whether element (query row, key col) is kept (one draw per call: the backward's layout).
-    __device__ __forceinline__ bool keep(int row, int col) const {
-        const Philox4 r = draws(static_cast<uint32_t>(row), static_cast<uint32_t>(col) / 8);
-        return dropout_lane(r, col % 8) < threshold;
     }
 };
 

@@ -24,6 +24,7 @@ inline float atomicAdd(float* address, float value) {
 
 #include "kernels/sm80/bwd.cuh"
 #include "host_io.h"
+#include "dropout_params.h"
 
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
@@ -47,7 +48,7 @@ template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap>
 void run(BwdParams& params) {
     using namespace flash_cuda::sm80;
     using Config = BwdConfig<EMU_HEAD_DIM>;
-    using Traits = std::conditional_t<HasAlibi || HasSoftcap, typename BwdBiasTraitsOf<Config>::type,
+    using Traits = std::conditional_t<HasAlibi || HasSoftcap, bias_traits_t<Config>,
                                       typename Config::Traits>;
     // Same sequence as csrc/kernels/sm80/bwd_launch.cuh (small grids: one block per 256 threads
     // of work, grid-stride loops cover the rest).
@@ -159,27 +160,9 @@ int main(int argc, char** argv) {
     }
     p.deterministic = geti("deterministic") != 0;
     p.num_splits = p.deterministic ? static_cast<int>(geti("splits")) : 1;
-    // Dropout (optional keys): dropout_p, philox_seed, philox_offset; philox_on_device 1 reads
-    // them through device pointers (the CUDA-graph path: the forward's rng_state tensor).
-    p.p_keep = 1.f;
-    p.rp_keep = 1.f;
-    p.p_keep_threshold = 65536u;
+    // Dropout (dropout_params.h): the device-pointer path reads the forward's rng_state tensor.
     int64_t philox_values[2] = {0, 0};
-    if (kv.count("dropout_p") && std::stod(kv.at("dropout_p")) > 0.0) {
-        const double dropout_p = std::stod(kv.at("dropout_p"));
-        p.p_keep = static_cast<float>(1.0 - dropout_p);
-        p.p_keep_threshold = flash_cuda::dropout_keep_threshold(p.p_keep);
-        p.rp_keep = static_cast<float>(1.0 / (1.0 - dropout_p));
-        p.philox_seed = std::stoull(kv.at("philox_seed"));
-        p.philox_offset = std::stoull(kv.at("philox_offset"));
-        if (kv.count("philox_on_device") && geti("philox_on_device") != 0) {
-            philox_values[0] = static_cast<int64_t>(p.philox_seed);
-            philox_values[1] = static_cast<int64_t>(p.philox_offset);
-            p.philox_seed_ptr = &philox_values[0];
-            p.philox_offset_ptr = &philox_values[1];
-            p.philox_seed = p.philox_offset = 0;  // must not be used
-        }
-    }
+    read_dropout_params(kv, p, philox_values, /*intragraph=*/0);
 
     const size_t b = p.b, h = p.h, hk = p.h_k, sq = p.seqlen_q, sk = p.seqlen_k, d = p.d;
     const size_t hd = EMU_HEAD_DIM;

@@ -22,6 +22,7 @@
 #include "kernels/decode.h"
 #include "kernels/sm80/fwd.cuh"
 #include "host_io.h"
+#include "dropout_params.h"
 
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
@@ -202,30 +203,10 @@ int main(int argc, char** argv) {
     }
     if (has_batch_idx) p.cache_batch_idx = reinterpret_cast<int*>(batch_idx.data);
     if (has_leftpad) p.leftpad_k = reinterpret_cast<int*>(leftpad.data);
-    // Dropout (optional keys): dropout_p, philox_seed, philox_offset; philox_on_device 1 passes
-    // them through device pointers (the CUDA-graph path) and has the kernel write rng_state.
-    p.p_keep = 1.f;
-    p.rp_keep = 1.f;
-    p.p_keep_threshold = 65536u;
+    // Dropout (dropout_params.h); with the device-pointer path the kernel also writes rng_state.
     int64_t philox_values[2] = {0, 0};
     int64_t rng_state_out[2] = {-1, -1};
-    if (kv.count("dropout_p") && std::stod(kv.at("dropout_p")) > 0.0) {
-        const double dropout_p = std::stod(kv.at("dropout_p"));
-        p.p_keep = static_cast<float>(1.0 - dropout_p);
-        p.p_keep_threshold = flash_cuda::dropout_keep_threshold(p.p_keep);
-        p.rp_keep = static_cast<float>(1.0 / (1.0 - dropout_p));
-        p.philox_seed = std::stoull(kv.at("philox_seed"));
-        p.philox_offset = std::stoull(kv.at("philox_offset"));
-        if (kv.count("philox_on_device") && geti("philox_on_device") != 0) {
-            philox_values[0] = static_cast<int64_t>(p.philox_seed);
-            philox_values[1] = static_cast<int64_t>(p.philox_offset) - 5;
-            p.philox_seed_ptr = &philox_values[0];
-            p.philox_offset_ptr = &philox_values[1];
-            p.philox_offset_intragraph = 5;
-            p.philox_seed = p.philox_offset = 0;  // must not be used
-            p.rng_state = rng_state_out;
-        }
-    }
+    if (read_dropout_params(kv, p, philox_values, /*intragraph=*/5)) p.rng_state = rng_state_out;
 
     // Output: contiguous (b, sq, h, d) or (total_q, h, d); lse (b, h, sq) or (h, total_q).
     const long long rows = varlen ? p.total_q : static_cast<long long>(p.b) * p.seqlen_q;

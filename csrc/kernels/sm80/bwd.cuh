@@ -5,7 +5,8 @@
 //   1. preprocess: D[b, h, i] = sum_c dO[i, c] O[i, c] (fp32), one warp per query row.
 //   2. main: one CTA per (key block of kBlockN rows, batch, query head). K_n, V_n go to shared
 //      memory once; the CTA loops over the query blocks that can see some key of the block:
-//        Q_m, dO_m -> shared (cp.async), lse_m (in base 2) and D_m -> shared (fp32)
+//        Q_m, dO_m, lse_m, D_m -> shared (cp.async; the next query block loads during
+//                                this one)
 //        S^T  = K Q^T        (warps split the keys: each warp owns kKeyTiles x 16 key rows)
 //        dP^T = V dO^T
 //        P^T  = exp2(S^T scale log2(e) - lse log2(e)),   0 where masked
@@ -32,7 +33,8 @@
 // by one thread in a fixed order; the postprocess sums the slices in order 0, 1, ... Without
 // it there is one CTA per key block and one slice (atomics from several CTAs: dq is not
 // reproducible). dk / dv are always bitwise reproducible.
-// Not handled here (the host routes it to the reference): dropout.
+// Dropout (IsDropout, fixed length, without softcap / ALiBi / deterministic: the host routes
+// the rest to the reference) replays the forward's mask (dropout.cuh) in the P^T step.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,6 +49,7 @@
 #include "kernels/params.h"
 #include "kernels/ptx.cuh"
 #include "kernels/sm80/tile_io.cuh"
+#include "kernels/sm80/traits.h"
 #include "kernels/sm80/warp_gemm.cuh"
 
 namespace flash_cuda {
@@ -147,16 +150,6 @@ template <> struct BwdConfig<160> { using Traits = BwdTraits<160, 32, 64, 4>; };
 template <> struct BwdConfig<192> { using Traits = BwdTraits<192, 32, 64, 4>; };
 template <> struct BwdConfig<224> { using Traits = BwdTraits<224, 32, 64, 4>; };
 template <> struct BwdConfig<256> { using Traits = BwdTraits<256, 32, 64, 4>; };
-
-// Config::BiasTraits where a head dim defines one, else Config::Traits.
-template <typename Config, typename = void>
-struct BwdBiasTraitsOf {
-    using type = typename Config::Traits;
-};
-template <typename Config>
-struct BwdBiasTraitsOf<Config, std::void_t<typename Config::BiasTraits>> {
-    using type = typename Config::BiasTraits;
-};
 
 // Where one (batch, query head) starts in every tensor and workspace, fixed length or varlen.
 struct BwdSequence {
@@ -325,9 +318,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // Score units (base 2): plain x = s scale log2(e); softcap x = tanh(s scale / softcap)
     // softcap log2(e); ALiBi then subtracts slope log2(e) |i + diag - j|.
-    const float score_log2 = HasSoftcap ? params.softcap * static_cast<float>(M_LOG2E)
-                                        : params.scale_softmax_log2;
-    const float softcap_pre_scale = HasSoftcap ? params.scale_softmax / params.softcap : 0.f;
+    // (The factors set_score_scales() computed for the forward: the same bits, so P is
+    // recomputed exactly as the forward computed it.)
+    const float score_log2 = HasSoftcap ? params.softcap_log2 : params.scale_softmax_log2;
+    const float softcap_pre_scale = HasSoftcap ? params.softcap_pre_scale : 0.f;
     float alibi_slope_log2 = 0.f;
     if constexpr (HasAlibi) {
         alibi_slope_log2 = reinterpret_cast<const float*>(

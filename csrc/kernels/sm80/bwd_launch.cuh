@@ -67,7 +67,7 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
     if (params.seqlen_k > 0) {
         const bool has_softcap = params.softcap > 0.f;
         const bool has_alibi = params.alibi_slopes_ptr != nullptr;
-        using BiasTraits = typename sm80::BwdBiasTraitsOf<Config>::type;
+        using BiasTraits = sm80::bias_traits_t<Config>;
         using Traits = typename Config::Traits;
         if (params.p_keep < 1.f) {
             if (has_softcap || has_alibi || varlen || params.deterministic) {

@@ -263,6 +263,42 @@ struct OutputTile {
     }
 };
 
+// O fragments (rows g and g + 8 of each 16-row slice, columns 2t, 2t + 1 of each 8-column
+// tile) -> Element rows of the tile in shared memory (over the Q tile), the layout that
+// QCopy::store / store_scatter read back. The caller synchronises before the read.
+template <typename Element, typename Traits>
+__device__ __forceinline__ void stage_output_tile(
+    const float (&acc_o)[Traits::kMTiles][Traits::kDTiles][4], uint32_t smem_q, int warp_row0,
+    int lane) {
+    // Thread's first element: row warp_row0 + lane / 4, column 2 (lane % 4) (inside chunk 0).
+    const uint32_t o_thread =
+        smem_q + Traits::QTile::byte_offset(warp_row0 + lane / 4, 2 * (lane % 4));
+    static_for_each<Traits::kMTiles>([&](auto mt) {
+        static_for_each<2>([&](auto half) {
+            static_for_each<Traits::kDTiles>([&](auto dt) {
+                ptx::st_shared_4(
+                    Traits::QTile::template stepped<16 * mt + 8 * half, 8 * dt>(o_thread),
+                    ptx::pack_float2<Element>(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]));
+            });
+        });
+    });
+}
+
+// Split-KV: the thread's part of one fp32 partial-O row (oaccum row `index`), straight from the
+// accumulators (a quad writes 32 contiguous bytes per 8 columns).
+template <typename Traits>
+__device__ __forceinline__ void store_partial_row(
+    const FwdParams& params, int64_t index,
+    const float (&acc_o)[Traits::kMTiles][Traits::kDTiles][4], int mt, int half, int lane) {
+    float* o_row =
+        reinterpret_cast<float*>(params.oaccum_ptr) + index * params.d_rounded + 2 * (lane % 4);
+#pragma unroll
+    for (int dt = 0; dt < Traits::kDTiles; ++dt) {
+        *reinterpret_cast<float2*>(o_row + 8 * dt) =
+            make_float2(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
+    }
+}
+
 // End of the key loop: O / l -> Element in shared memory (over the Q tile: every warp finished
 // its last Q K^T before the loop's last barrier) -> global with 16-byte stores; lse per row.
 // Output pointers and lane-derived values are recomputed here (a fresh %tid.x and the
@@ -300,13 +336,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
                         if (lane % 4 == 0) {
                             params.softmax_lseaccum_ptr[index] = l == INFINITY ? -INFINITY : l;
                         }
-                        float* o_row = reinterpret_cast<float*>(params.oaccum_ptr) +
-                                       index * params.d_rounded + 2 * (lane % 4);
-#pragma unroll
-                        for (int dt = 0; dt < Traits::kDTiles; ++dt) {
-                            *reinterpret_cast<float2*>(o_row + 8 * dt) = make_float2(
-                                acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
-                        }
+                        store_partial_row<Traits>(params, index, acc_o, mt, half, lane);
                     } else if (lane % 4 == 0) {
                         params.softmax_lse_ptr[(static_cast<int64_t>(batch) * params.h + pr.head) *
                                                    params.seqlen_q + pr.pos] = l;
@@ -315,18 +345,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
             }
         }
         if (split_kv) return;
-        const uint32_t o_thread =
-            smem_q + Traits::QTile::byte_offset(warp_row0 + lane / 4, 2 * (lane % 4));
-        static_for_each<kMTiles>([&](auto mt) {
-            static_for_each<2>([&](auto half) {
-                static_for_each<Traits::kDTiles>([&](auto dt) {
-                    ptx::st_shared_4(
-                        Traits::QTile::template stepped<16 * mt + 8 * half, 8 * dt>(o_thread),
-                        ptx::pack_float2<Element>(acc_o[mt][dt][2 * half],
-                                                  acc_o[mt][dt][2 * half + 1]));
-                });
-            });
-        });
+        stage_output_tile<Element, Traits>(acc_o, smem_q, warp_row0, lane);
         __syncthreads();
         Element* o_batch = reinterpret_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride;
         Traits::QCopy::template store_scatter<Element>(
@@ -344,7 +363,6 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
         // 32 contiguous bytes per 8 columns), lse -inf where this split saw no key.
         const int split = block_coords<Traits>(params).split;
         const int64_t first = partial_row(params, split, batch, head, m0);
-        float* o_part = reinterpret_cast<float*>(params.oaccum_ptr);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -355,12 +373,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
                     if (lane % 4 == 0) {
                         params.softmax_lseaccum_ptr[first + row] = l == INFINITY ? -INFINITY : l;
                     }
-                    float* o_row = o_part + (first + row) * params.d_rounded + 2 * (lane % 4);
-#pragma unroll
-                    for (int dt = 0; dt < Traits::kDTiles; ++dt) {
-                        *reinterpret_cast<float2*>(o_row + 8 * dt) =
-                            make_float2(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
-                    }
+                    store_partial_row<Traits>(params, first + row, acc_o, mt, half, lane);
                 }
             }
         }
@@ -376,18 +389,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
             }
         }
     }
-    // Thread's first element: row warp_row0 + lane / 4, column 2 (lane % 4) (inside chunk 0).
-    const uint32_t o_thread =
-        smem_q + Traits::QTile::byte_offset(warp_row0 + lane / 4, 2 * (lane % 4));
-    static_for_each<kMTiles>([&](auto mt) {
-        static_for_each<2>([&](auto half) {
-            static_for_each<Traits::kDTiles>([&](auto dt) {
-                ptx::st_shared_4(
-                    Traits::QTile::template stepped<16 * mt + 8 * half, 8 * dt>(o_thread),
-                    ptx::pack_float2<Element>(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]));
-            });
-        });
-    });
+    stage_output_tile<Element, Traits>(acc_o, smem_q, warp_row0, lane);
     __syncthreads();
     Traits::QCopy::store(out.o, params.o_row_stride, smem_q, out.valid_rows, params.d, tid);
 }
