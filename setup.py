@@ -9,6 +9,8 @@ Environment:
   FLASH_CUDA_FWD_TUNING=1      also compile the forward tile variants (kernels/sm80/tune_configs.h),
                                chosen at run time with FLASH_CUDA_FWD_TILE=<n> (developers).
   MAX_JOBS             parallel compile jobs (ninja).
+  CXX                  the C++ compiler (torch's rule; default c++). It must link libstdc++
+                       dynamically: one with only libstdc++.a is refused (build_config.py).
   CUDA_HOME            the CUDA toolkit (on a machine without a GPU: /usr/local/cuda).
 The rules that read them live in csrc/build_config.py (shared with tests/test_build.py).
 """
@@ -23,7 +25,7 @@ from setuptools import find_packages, setup
 
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "csrc"))
-from build_config import cuda_archs, gencode_flags, head_dims, sources  # noqa: E402
+from build_config import check_cxx_compiler, cuda_archs, gencode_flags, head_dims, sources  # noqa: E402
 
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
 
@@ -62,9 +64,17 @@ def extensions():
     ]
 
 
+class BuildExtensionChecked(BuildExtension):
+    """BuildExtension that first refuses a C++ compiler which would link libstdc++ statically."""
+
+    def build_extensions(self):
+        check_cxx_compiler()
+        super().build_extensions()
+
+
 setup(
     packages=find_packages(include=["flash_cuda", "flash_cuda.*"]),
     ext_modules=extensions(),
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExtensionChecked.with_options(use_ninja=True)},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

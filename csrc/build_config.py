@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
 
 import generate_kernels
 
@@ -47,6 +48,36 @@ def head_dims() -> list[int]:
             f"choose from {generate_kernels.HEAD_DIMS}"
         )
     return dims
+
+
+def cxx_compiler() -> str:
+    """The C++ compiler torch.utils.cpp_extension compiles and links the extension with."""
+    return os.environ.get("CXX", "c++")
+
+
+def links_libstdcxx_statically(cxx: str) -> bool:
+    """True when `cxx` has no shared libstdc++ to link (it then copies libstdc++.a into the
+    extension). That copy and the libstdc++.so torch loads keep separate locale facet ids, so
+    the first number formatted into an error message (c10::str) crashes the process."""
+    try:
+        found = subprocess.run([cxx, "-print-file-name=libstdc++.so"], capture_output=True,
+                               text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False  # not a GCC-like driver: nothing to tell
+    # GCC and clang print the path when they find the file, the bare name when not.
+    return not (os.path.isabs(found) and os.path.exists(found))
+
+
+def check_cxx_compiler() -> None:
+    cxx = cxx_compiler()
+    if links_libstdcxx_statically(cxx):
+        raise SystemExit(
+            f"flash_cuda: the C++ compiler {cxx!r} (CXX) has no shared libstdc++ "
+            f"('{cxx} -print-file-name=libstdc++.so' finds none), so the extension would carry "
+            "a static copy beside the one torch loads, and every error message holding a number "
+            "would crash the process. Set CXX to a compiler that links libstdc++ dynamically, "
+            "e.g. CXX=g++."
+        )
 
 
 def gencode_flags(archs: list[str]) -> list[str]:

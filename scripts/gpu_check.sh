@@ -21,6 +21,12 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda ]; then export CUDA_HOME=/usr/local/cuda; fi
+# The H200 image sets CXX=/opt/gcc/bin/g++, a GCC with only libstdc++.a, which setup.py refuses
+# (an extension with its own libstdc++ crashes on error messages): use the system g++ there.
+if [ -n "${CXX:-}" ] && ! [ -e "$("$CXX" -print-file-name=libstdc++.so 2>/dev/null)" ]; then
+    echo "CXX=$CXX has no shared libstdc++; building with CXX=g++"
+    export CXX=g++
+fi
 DEADLINE=${DEADLINE:-585}
 SUMMARY=()
 status=0

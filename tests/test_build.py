@@ -109,3 +109,37 @@ def test_setup_py_uses_build_config():
     assert "from build_config import" in text
     for helper in ("cuda_archs", "head_dims", "gencode_flags", "sources"):
         assert f"def {helper}(" not in text
+
+
+def _fake_compiler(tmp_path, prints: str) -> str:
+    """A stand-in compiler driver that answers -print-file-name with `prints`."""
+    path = tmp_path / "fake-g++"
+    path.write_text(f"#!/bin/sh\necho '{prints}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_compiler_with_only_static_libstdcxx_is_refused(tmp_path, monkeypatch):
+    """A GCC without libstdc++.so (it prints the bare name) would copy libstdc++.a into the
+    extension, and a second libstdc++ crashes on the first number formatted into an error
+    message (seen on the H200 image's /opt/gcc): setup.py must refuse it by name."""
+    cxx = _fake_compiler(tmp_path, "libstdc++.so")
+    assert build_config.links_libstdcxx_statically(cxx)
+    monkeypatch.setenv("CXX", cxx)
+    with pytest.raises(SystemExit, match="has no shared libstdc"):
+        build_config.check_cxx_compiler()
+
+
+def test_compiler_with_shared_libstdcxx_is_accepted(tmp_path, monkeypatch):
+    lib = tmp_path / "libstdc++.so"
+    lib.write_text("")
+    monkeypatch.setenv("CXX", _fake_compiler(tmp_path, str(lib)))
+    build_config.check_cxx_compiler()
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    build_config.check_cxx_compiler()  # not runnable: nothing to tell, the build says why
+
+
+def test_this_machines_compiler_links_libstdcxx_dynamically():
+    """The compiler a plain build uses here links the shared libstdc++ (and the built
+    extension, where there is one, depends on libstdc++.so.6 rather than carrying a copy)."""
+    assert not build_config.links_libstdcxx_statically(build_config.cxx_compiler())

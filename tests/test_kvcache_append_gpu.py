@@ -125,17 +125,14 @@ def test_bf16_subnormal_products_kept(interleaved):
 # ----------------------------------------------------------------------------------------------
 # CUDA graphs: the append step has no host sync and no data-dependent allocation.
 
-# Paged caches, cache_batch_idx and leftpad still take the reference attention (host syncs,
-# not capturable) until the attention kernel reads them; their replay cases are skipped here.
-ATTENTION_CAPTURABLE = {"contiguous": True, "paged": False, "batch_idx": False, "leftpad": False}
+# Every layout runs the attention kernel (no host sync), so every replay case runs.
+FEATURES = ("contiguous", "paged", "batch_idx", "leftpad")
 
 
 @needs_cuda
 @pytest.mark.parametrize("rotary", ("off", "interleaved", "half"))
-@pytest.mark.parametrize("feature", tuple(ATTENTION_CAPTURABLE))
+@pytest.mark.parametrize("feature", FEATURES)
 def test_graph_replay_equals_eager(rotary, feature):
-    if not ATTENTION_CAPTURABLE[feature]:
-        pytest.skip(f"{feature}: the attention still falls back to the reference (host sync)")
     layout = 16 if feature == "paged" else "contiguous"
     extra = feature if feature in ("batch_idx", "leftpad") else "none"
     c = (4, 500, 1, 128, 4, layout, rotary, extra, "causal", torch.bfloat16)
