@@ -168,13 +168,17 @@ def test_fwd_values(dtype, case, p):
     nkw = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=slopes,
                dropout_keep=keep, dropout_p=p)
     ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), **nkw)
-    pt, _ = naive_attention(q, k, v, **nkw)
+    pt, lse_pt = naive_attention(q, k, v, **nkw)
     rule("out", out, ref, pt, 2)
-    # lse: of the undropped softmax.
+    # lse: of the undropped softmax, with test_fwd_gpu.py's rule (the input-dtype oracle's lse
+    # error, doubled, plus 1e-4 relative): the kernel's l sums the 16-bit P that P·V uses.
     finite = torch.isfinite(lse_ref)
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_ref))
     if finite.any():
-        assert (lse[finite].double() - lse_ref[finite]).abs().max().item() < 1e-3
+        err = (lse[finite].double() - lse_ref[finite]).abs().max().item()
+        err_pt = (lse_pt.double()[finite] - lse_ref[finite]).abs().max().item()
+        bound = 2 * err_pt + 1e-4 * (1.0 + lse_ref[finite].abs().max().item())
+        assert err <= bound, f"lse error {err:.3e} > {bound:.3e} (dtype oracle {err_pt:.3e})"
 
 
 def test_kernel_path_runs():

@@ -65,7 +65,12 @@ void run_traits(FwdParams& params) {
         if (has_softcap && has_alibi) dgo(ATraits{}, &mha_fwd_sm80_kernel<Element, ATraits, Causal, true, true, true>);
         else if (has_softcap) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, false, true, true>);
         else if (has_alibi) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, true, false, true>);
-        else dgo(Traits{}, &mha_fwd_sm80_kernel<Element, Traits, Causal, false, false, true>);
+        else {  // the head dim's dropout tile; the decode tile keeps its own
+            using Config = FwdConfig<EMU_HEAD_DIM>;
+            using DTraits = std::conditional_t<std::is_same_v<Traits, typename Config::Traits>,
+                                               dropout_traits_t<Config>, Traits>;
+            dgo(DTraits{}, &mha_fwd_sm80_kernel<Element, DTraits, Causal, false, false, true>);
+        }
         return;
     }
     if (has_softcap && has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, true>);

@@ -56,10 +56,11 @@ void launch_fwd_kernel(FwdParams& params, cudaStream_t stream) {
 
 // Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap variants
 // (they keep more values live in the score loop, so a head dim may give them a smaller tile),
-// BothTraits with ALiBi and softcap together. Dropout (p_keep < 1) is a template flag (the
-// kernels without it are unchanged), compiled without softcap / ALiBi only (the host routes
-// those combinations to the reference), which keeps the build small.
-template <typename Element, typename Traits, typename BiasTraits, typename BothTraits, bool Causal>
+// BothTraits with ALiBi and softcap together, DropoutTraits with dropout. Dropout (p_keep < 1)
+// is a template flag (the kernels without it are unchanged), compiled without softcap / ALiBi
+// only (the host routes those combinations to the reference), which keeps the build small.
+template <typename Element, typename Traits, typename BiasTraits, typename BothTraits,
+          typename DropoutTraits, bool Causal>
 void launch_fwd(FwdParams& params, cudaStream_t stream) {
     if (params.seqlen_q <= 0 || params.b <= 0 || params.h <= 0) return;
     if (params.b > 65535 || params.h > 65535) {
@@ -79,7 +80,7 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
             throw std::runtime_error("flash_cuda: the forward kernel's dropout covers neither "
                                      "softcap nor ALiBi");
         }
-        launch_fwd_kernel<Element, Traits, Causal, false, false, true>(params, stream);
+        launch_fwd_kernel<Element, DropoutTraits, Causal, false, false, true>(params, stream);
     } else if (has_softcap && has_alibi) {
         launch_fwd_kernel<Element, BothTraits, Causal, true, true, false>(params, stream);
     } else if (has_softcap) {
@@ -98,7 +99,7 @@ bool launch_tile_variant(FwdParams& params, cudaStream_t stream) {
         if constexpr (FwdTuneConfig<HeadDim, Variant>::kExists) {
             if (params.tile_variant == Variant) {
                 using Traits = typename FwdTuneConfig<HeadDim, Variant>::Traits;
-                launch_fwd<Element, Traits, Traits, Traits, Causal>(params, stream);
+                launch_fwd<Element, Traits, Traits, Traits, Traits, Causal>(params, stream);
                 return true;
             }
         }
@@ -123,12 +124,13 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
     if (params.seqlen_q <= sm80::FwdDecodeConfig<HeadDim>::kBlockM || params.block_table != nullptr ||
         params.gqa_pack > 1) {
         using Decode = typename sm80::FwdDecodeConfig<HeadDim>::Traits;
-        sm80::launch_fwd<Element, Decode, Decode, Decode, Causal>(params, stream);
+        sm80::launch_fwd<Element, Decode, Decode, Decode, Decode, Causal>(params, stream);
         return;
     }
     using Config = sm80::FwdConfig<HeadDim>;
     sm80::launch_fwd<Element, typename Config::Traits, sm80::bias_traits_t<Config>,
-                     sm80::alibi_softcap_traits_t<Config>, Causal>(params, stream);
+                     sm80::alibi_softcap_traits_t<Config>, sm80::dropout_traits_t<Config>,
+                     Causal>(params, stream);
 }
 
 }  // namespace flash_cuda

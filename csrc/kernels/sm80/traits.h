@@ -95,6 +95,18 @@ struct AlibiSoftcapTraitsOf<Config, std::void_t<typename Config::AlibiSoftcapTra
 };
 template <typename Config>
 using alibi_softcap_traits_t = typename AlibiSoftcapTraitsOf<Config>::type;
+// The tile of the dropout kernels: Config::DropoutTraits where a head dim defines one, else
+// Config::Traits (the mask's Philox draws keep more values live in the score loop).
+template <typename Config, typename = void>
+struct DropoutTraitsOf {
+    using type = typename Config::Traits;
+};
+template <typename Config>
+struct DropoutTraitsOf<Config, std::void_t<typename Config::DropoutTraits>> {
+    using type = typename Config::DropoutTraits;
+};
+template <typename Config>
+using dropout_traits_t = typename DropoutTraitsOf<Config>::type;
 // 128 x 128, 4 warps: S 128 + O 32 floats. 40 KB.
 template <> struct FwdConfig<32> { using Traits = FwdTraits<32, 128, 128, 4, 2>; };
 // 128 x 128, 4 warps: S 128 + O 64 floats, 80 KB; 5-8% faster than 128 x 64 on the H200
@@ -108,10 +120,11 @@ template <> struct FwdConfig<64> {
 template <> struct FwdConfig<96> { using Traits = FwdTraits<96, 128, 64, 4, 2>; };
 // 128 x 64, 4 warps: S 64 + O 128 floats (255 registers, no spills). 96 KB: 2 CTAs per
 // H100/H200 SM. With both ALiBi and softcap it spills 8 bytes; that rare combination takes
-// 128 x 32 (S 32 floats).
+// 128 x 32 (S 32 floats). So does dropout (the causal dropout kernel spilled 8 bytes).
 template <> struct FwdConfig<128> {
     using Traits = FwdTraits<128, 128, 64, 4, 2>;
     using AlibiSoftcapTraits = FwdTraits<128, 128, 32, 4, 2>;
+    using DropoutTraits = FwdTraits<128, 128, 32, 4, 2>;
 };
 // 64 x 64, 4 warps: S 32 + O 80 floats. 100 KB: two CTAs per SM, whose barriers do not wait
 // for each other; 1.19-1.25x the 128 x 64 / 8 warps tile (one CTA per SM) on the H200
