@@ -441,6 +441,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     CtaScalars& cta = *reinterpret_cast<CtaScalars*>(smem + Traits::kSmemScalarsOffset);
     KVSource kv;                       // prologue copy of cta.kv
     int seqlen_k;
+    bool warp_computes = true;         // false: an idle warp of the decode tile (see the loop)
     {
         const SequenceInfo seq = SequenceInfo::make(params, batch);
         // GQA packed in the kernel (decode tile): G rows per query position (PackedRow).
@@ -449,6 +450,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int tile_rows = seq.seqlen_q * group;  // rows of this (batch, head) problem
         if (m0 >= tile_rows) return;  // varlen: this sequence is shorter than the grid
         const int valid_q_rows = min(kBlockM, tile_rows - m0);
+        if constexpr (Traits::kSkipIdleWarps) {
+            warp_computes = warp * Traits::kWarpRows < valid_q_rows;
+        }
         seqlen_k = seq.seqlen_k;
         // Query position of tile row m0 + r (r may be past the valid rows).
         auto position = [&](int packed_row) { return packed ? packed_row / group : packed_row; };
@@ -589,7 +593,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     softmax.init();
     const int warp_row0 = warp * Traits::kWarpRows;  // in the tile
 
-    for (int it = 0; it < n_iters; ++it) {
+    // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid rows
+    // (1..g real rows of 64 in a decode step) only issues its share of the K/V copies and joins
+    // the main loop's two barriers per key block, in the same order; no math. Its rows are
+    // never stored (the epilogue writes valid rows only).
+    int compute_iters = n_iters;
+    if (Traits::kSkipIdleWarps && !warp_computes) {
+        for (int it = 0; it < n_iters; ++it) {
+            ptx::cp_async_wait<kGroupsInFlight>();
+            __syncthreads();
+            if (it + kStages - 1 < n_iters) load_v(it + kStages - 1, cta.kv);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<kGroupsInFlight>();
+            __syncthreads();
+            if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
+            ptx::cp_async_commit();
+        }
+        compute_iters = 0;
+    }
+    for (int it = 0; it < compute_iters; ++it) {
         const int n_block = n_block_max - 1 - it;
         const int slot = it % kStages;
 

@@ -34,6 +34,10 @@ struct FwdTraits {
     static constexpr bool kSplitKV = false;
     static constexpr bool kPagedKV = false;
     static constexpr bool kPackGQA = false;  // params.gqa_pack (in-kernel GQA packing)
+    // Warps whose rows all lie past the tile's valid query rows skip the math of the key loop
+    // (they still issue their share of the K/V copies and join every barrier). Decode tile
+    // only: there a tile has 1..g real rows of 64; the 128-row tile keeps its loop unchanged.
+    static constexpr bool kSkipIdleWarps = false;
 
     static constexpr int kWarpRows = kBlockM / kNWarps;
     static constexpr int kMTiles = kWarpRows / 16;  // 16-row slices per warp
@@ -141,6 +145,7 @@ struct FwdDecodeTraits : FwdTraits<HeadDim, 64, (HeadDim <= 64 ? 128 : 64), 4, 2
     static constexpr bool kSplitKV = true;
     static constexpr bool kPagedKV = true;
     static constexpr bool kPackGQA = true;
+    static constexpr bool kSkipIdleWarps = true;
 };
 template <int HeadDim>
 struct FwdDecodeConfig {
