@@ -570,13 +570,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                       seqlen_k - n_block * kBlockN, tid);
     };
 
-    // ---- Prologue: Q (issued above) with K of the first block, then (double buffering) V0, K1.
+    // ---- Prologue: Q (issued above) with K of the first block, then (kStages buffers)
+    // V0 K1 .. V(kStages-2) K(kStages-1), one group each (empty past the last block).
     load_k(0, kv);
     ptx::cp_async_commit();
-    if constexpr (kStages == 2) {
+    if constexpr (kStages >= 2) {
         load_v(0, kv);
         ptx::cp_async_commit();
         if (n_iters > 1) load_k(1, kv);
+        ptx::cp_async_commit();
+    }
+    if constexpr (kStages == 3) {
+        if (n_iters > 1) load_v(1, kv);
+        ptx::cp_async_commit();
+        if (n_iters > 2) load_k(2, kv);
         ptx::cp_async_commit();
     }
 
