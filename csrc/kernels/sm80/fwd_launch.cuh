@@ -107,6 +107,7 @@ bool launch_tile_variant(FwdParams& params, cudaStream_t stream) {
     return false;
 }
 
+#ifdef FLASH_CUDA_FWD_TUNING
 // Tuning builds: the decode tile variant params.tile_variant of tune_configs.h (4..6), if any.
 template <typename Element, int HeadDim, bool Causal, int Variant = kFirstDecodeVariant>
 bool launch_decode_variant(FwdParams& params, cudaStream_t stream) {
@@ -120,6 +121,7 @@ bool launch_decode_variant(FwdParams& params, cudaStream_t stream) {
     }
     return false;
 }
+#endif
 
 }  // namespace sm80
 
