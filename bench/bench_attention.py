@@ -100,13 +100,14 @@ class FlashCuda:
         return torch.ops.flash_cuda.fwd(q, k, v, None, 0.0, q.shape[-1] ** -0.5, causal, -1, -1,
                                         0.0, False)[0]
 
-    def decode(self, q, k_cache, v_cache, cache_seqlens, causal, block_table=None):
+    def decode(self, q, k_cache, v_cache, cache_seqlens, causal, block_table=None,
+               num_splits=0):
         if self.kvcache is not None:
             return self.kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, causal=causal,
-                                block_table=block_table)
+                                block_table=block_table, num_splits=num_splits)
         return torch.ops.flash_cuda.fwd_kvcache(
             q, k_cache, v_cache, None, None, cache_seqlens, None, None, None, None, block_table,
-            None, q.shape[-1] ** -0.5, causal, -1, -1, 0.0, True, 0)[0]
+            None, q.shape[-1] ** -0.5, causal, -1, -1, 0.0, True, num_splits)[0]
 
 
 def is_oom(e: BaseException) -> bool:
@@ -593,11 +594,12 @@ class Bench:
                 row["tbps_best"] = row["tbps_graph"] if use_graph else row["tbps"]
             self.add(row)
 
-        def flash(block_table=None, caches=None):
+        def flash(block_table=None, caches=None, num_splits=0):
             def make():
                 self.fc.need()
                 k_, v_ = caches or (kc, vc)
-                return (lambda: self.fc.decode(q, k_, v_, seqlens, c["causal"], block_table)), ""
+                return (lambda: self.fc.decode(q, k_, v_, seqlens, c["causal"], block_table,
+                                               num_splits)), ""
             return make
 
         if "flash_cuda" in impls:
@@ -608,6 +610,9 @@ class Bench:
                 paged = self.paged_cache(kc, vc, page)
                 timed(impl, flash(*paged) if isinstance(paged, tuple) else self.raiser(paged))
                 del paged
+        for impl in impls:  # --decode-splits: explicit num_splits (0: the heuristic)
+            if impl.startswith("flash_cuda_s"):
+                timed(impl, flash(num_splits=int(impl[len("flash_cuda_s"):])))
         # SDPA's layout (b, h, s, d); the flash layout caches are freed first.
         peers = [i for i in impls if i in SDPA_BACKENDS]
         if peers:

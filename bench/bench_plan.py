@@ -104,6 +104,7 @@ def build_plan(args) -> list[dict]:
     if "decode" in args.modes or args.decode_grid:
         dec_impls = [i for i in impls if i in DECODE_IMPLS]
         dec_impls += [f"flash_cuda_p{p}" for p in args.paged if "flash_cuda" in impls]
+        dec_impls += [f"flash_cuda_s{s}" for s in args.decode_splits if "flash_cuda" in impls]
         cases = [("decode", decode_case(b, kv, *args.decode_shape, sq))
                  for b, kv in (args.decode_cases or (DECODE_CASES[:1] if quick else DECODE_CASES))
                  for sq in args.decode_q]
@@ -199,6 +200,10 @@ def parse_args(argv=None, default_out="bench/results"):
                    help="query tokens per decode step, e.g. 1,4,8 (speculative decoding)")
     p.add_argument("--paged", type=csv_ints, default=[],
                    help="also time flash_cuda with paged caches of these page sizes, e.g. 16,256")
+    p.add_argument("--decode-splits", type=csv_ints, default=[],
+                   help="also time flash_cuda decode (contiguous cache) with each of these "
+                        "explicit num_splits, e.g. 0,1,8,32 (impl flash_cuda_s<n>; 0 = the "
+                        "heuristic, asked for explicitly; counts are clamped to the key blocks)")
     p.add_argument("--no-graphs", action="store_true", help="decode: eager timing only")
     p.add_argument("--no-flush", action="store_true", help="decode: keep L2 warm between calls")
     p.add_argument("--memory-seqlens", type=csv_ints, default=None)
@@ -225,6 +230,8 @@ def parse_args(argv=None, default_out="bench/results"):
     bad = set(args.impls) - set(DEFAULT_IMPLS) - set(OPTIONAL_IMPLS)
     if bad:
         p.error(f"--impls: unknown {sorted(bad)}")
+    if any(s < 0 for s in args.decode_splits):
+        p.error("--decode-splits: counts must be >= 0")
     if args.smoke:
         args.tokens, args.hidden = 512, 128
         args.heads_dims = args.heads_dims or [64]

@@ -6,7 +6,8 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
   section  grid | gqa | decode | decode_grid | memory
   case_id  the cell, e.g. "d128 s4096 b4 h16/16 causal"; `case` holds its numbers
   mode     fwd | fwdbwd | decode
-  impl     flash_cuda | flash_cuda_det | flash_cuda_p<page> | cudnn | fa2 | efficient | math
+  impl     flash_cuda | flash_cuda_det | flash_cuda_p<page> | flash_cuda_s<num_splits> | cudnn |
+           fa2 | efficient | math
   status   ok | error | oom | skip | unavailable   (`note` says why)
   figures  ms, tflops (prefill), tbps / tbps_graph (decode), extra_bytes (memory), check
 """
@@ -31,11 +32,22 @@ STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 def label(impl: str) -> str:
     if impl.startswith("flash_cuda_p"):
         return f"flash_cuda paged {impl[len('flash_cuda_p'):]}"
+    if impl.startswith("flash_cuda_s"):
+        return f"flash_cuda splits {impl[len('flash_cuda_s'):]}"
     return LABELS.get(impl, impl)
 
 
 def impl_rank(impl: str) -> tuple:
-    return (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 1, impl)
+    # flash_cuda_p<page> / flash_cuda_s<splits> after flash_cuda, numerically.
+    for prefix in ("flash_cuda_p", "flash_cuda_s"):
+        if impl.startswith(prefix) and impl[len(prefix):].isdigit():
+            return (1, prefix, int(impl[len(prefix):]))
+    return (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 1, impl, 0)
+
+
+def is_split_impl(impl: str) -> bool:
+    """flash_cuda with an explicit num_splits (bench --decode-splits)."""
+    return impl.startswith("flash_cuda_s") and impl[len("flash_cuda_s"):].isdigit()
 
 
 class Table:
@@ -165,7 +177,7 @@ def render_decode(t: Table, section: str, compact: bool) -> list[str]:
     cases = t.cases(section)
     if not cases:
         return []
-    impls = t.impls(section)
+    impls = [i for i in t.impls(section) if not is_split_impl(i)]  # own table below
     if compact:
         impls = [i for i in impls if i in ("flash_cuda", "cudnn", "fa2")]
     header = ["case"]
@@ -197,7 +209,36 @@ def render_decode(t: Table, section: str, compact: bool) -> list[str]:
     how = ("One query token unless the case says qN. TB/s and ms from CUDA-graph replay (eager: "
            "launched one by one); L2 flushed before each call unless --no-flush; ratios from "
            "the graph figures." + (" * graph capture failed, eager figure." if eager_only else ""))
-    return [f"### {title}", "", how, ""] + md_table(header, body) + [""]
+    return [f"### {title}", "", how, ""] + md_table(header, body) + [""] + \
+        render_split_sweep(t, section)
+
+
+def render_split_sweep(t: Table, section: str) -> list[str]:
+    """flash_cuda decode with explicit num_splits (--decode-splits) next to the default call and
+    cuDNN: graph-replay TB/s, the best count per case."""
+    splits = [i for i in t.impls(section) if is_split_impl(i)]
+    if not splits:
+        return []
+    header = (["case", "default"] + [f"s{i[len('flash_cuda_s'):]}" for i in splits] +
+              ["best", "best/default", "best/cuDNN"])
+    body = []
+    for cid in t.cases(section):
+        default = best_decode(t.get(section, cid, "decode", "flash_cuda"))
+        figs = [best_decode(t.get(section, cid, "decode", i)) for i in splits]
+        line = [cid, "" if default is None else f"{default:.2f}"]
+        line += ["" if f is None else f"{f:.2f}" for f in figs]
+        ok = [(f, i) for f, i in zip(figs, splits) if f is not None]
+        if ok:
+            f, i = max(ok)
+            line += [f"s{i[len('flash_cuda_s'):]}", ratio(f, default),
+                     ratio(f, best_decode(t.get(section, cid, "decode", "cudnn")))]
+        else:
+            line += ["", "", ""]
+        body.append(line)
+    name = {"decode": "Decode", "decode_grid": "Decode grid"}[section]
+    how = ("flash_cuda, contiguous cache, with num_splits forced (s0: the heuristic asked for "
+           "explicitly, the same call as default); TB/s of K+V, graph replay where it ran.")
+    return [f"### {name}: num_splits sweep", "", how, ""] + md_table(header, body) + [""]
 
 
 def best_decode(row):

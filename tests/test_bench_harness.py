@@ -65,6 +65,21 @@ def test_decode_grid_plan(capsys):
     assert all("flash_cuda_p16" in ln and "flash_cuda_p256" in ln for ln in grid)
 
 
+def test_decode_splits_plan(capsys):
+    """--decode-splits: flash_cuda decode once more per explicit num_splits (0: heuristic)."""
+    lines = dry_run(capsys, "--modes", "decode", "--decode-grid", "--decode-splits", "0,8,32",
+                    "--impls", "flash_cuda,cudnn")
+    grid = [ln for ln in lines if ln.startswith("decode_grid")]
+    assert len(grid) == 3 * 4 * 4
+    assert all(ln.split()[-1] == "flash_cuda,cudnn,flash_cuda_s0,flash_cuda_s8,flash_cuda_s32"
+               for ln in grid)
+    # Without flash_cuda among the impls there is nothing to sweep.
+    lines = dry_run(capsys, "--modes", "decode", "--decode-splits", "8", "--impls", "cudnn")
+    assert all("flash_cuda_s" not in ln for ln in lines)
+    with pytest.raises(SystemExit):
+        plan.parse_args(["--decode-splits", "-1"])
+
+
 def test_options_restrict_the_plan(capsys):
     lines = dry_run(capsys, "--heads-dims", "64", "--seqlens", "1024,2048", "--causal", "yes",
                     "--modes", "fwd", "--no-gqa", "--impls", "flash_cuda,cudnn")
@@ -143,8 +158,18 @@ SMOKE = ["--smoke", "--dtype", "float32", "--seqlens", "128", "--repeats", "2"]
 
 
 def test_smoke_run_with_stand_in_flash_cuda(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "flash_cuda", fake_flash_cuda())
-    argv = SMOKE + ["--out", str(tmp_path), "--paged", "16",
+    fake = fake_flash_cuda()
+    splits_seen = []  # (paged, num_splits) of each decode call's first use
+    kvcache = fake.flash_attn_with_kvcache
+
+    def recording_kvcache(q, k_cache, v_cache, block_table=None, num_splits=0, **kw):
+        if (block_table is not None, num_splits) not in splits_seen:
+            splits_seen.append((block_table is not None, num_splits))
+        return kvcache(q, k_cache, v_cache, block_table=block_table, num_splits=num_splits, **kw)
+
+    fake.flash_attn_with_kvcache = recording_kvcache
+    monkeypatch.setitem(sys.modules, "flash_cuda", fake)
+    argv = SMOKE + ["--out", str(tmp_path), "--paged", "16", "--decode-splits", "0,3",
                     "--impls", "flash_cuda,flash_cuda_det,cudnn,fa2,efficient,math"]
     assert bench_attention.main(argv) == 0
     md = capsys.readouterr().out
@@ -176,10 +201,13 @@ def test_smoke_run_with_stand_in_flash_cuda(tmp_path, monkeypatch, capsys):
         assert not [k for k in rows if k[0] == section and k[2:] == ("fwd", "flash_cuda_det")]
     eff = row("gqa", "fwd", "efficient")
     assert eff["status"] == "error"  # no EFFICIENT kernel on the CPU either
-    for impl in ("flash_cuda", "flash_cuda_p16"):
+    for impl in ("flash_cuda", "flash_cuda_p16", "flash_cuda_s0", "flash_cuda_s3"):
         dec = row("decode", "decode", impl)
         assert dec["status"] == "ok" and dec["tbps_best"] > 0 and dec["timing"] == "eager"
         assert dec["check"]["vs"] == "fa2" and dec["check"]["max_abs"] < 1e-4
+    assert [n for _, n in splits_seen] == [0, 0, 3], splits_seen  # default, s0, s3
+    assert "### Decode: num_splits sweep" in md
+    assert "| case | default | s0 | s3 | best | best/default | best/cuDNN |" in md
     assert row("memory", "fwd", "flash_cuda")["status"] == "unavailable"  # needs CUDA
     assert "| head dim | causal | seqlen (batch) |" in md and "fwd: fc/FA2" in md
     assert "### Errors and unavailable measurements" in md

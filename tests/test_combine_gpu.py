@@ -25,7 +25,10 @@ def combine_fp64(out_partial, lse_partial):
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("splits,b,h,sq,d", [(1, 1, 1, 1, 8), (3, 2, 5, 17, 64), (16, 1, 8, 3, 128),
-                                             (128, 2, 2, 1, 256), (7, 3, 4, 113, 40)])
+                                             (128, 2, 2, 1, 256), (7, 3, 4, 113, 40),
+                                             # scalar path (d % 4 != 0); float4 path with a
+                                             # partial second column pass (d = 132)
+                                             (29, 1, 3, 2, 13), (33, 2, 2, 1, 132)])
 def test_combine_matches_formula(dtype, splits, b, h, sq, d):
     out_partial = torch.randn(splits, b, h, sq, d, device="cuda")
     lse_partial = torch.randn(splits, b, h, sq, device="cuda") * 3

@@ -28,11 +28,13 @@ inline bool uses_decode_tile(const FwdParams& p) {
 // only roughly for the latter, which never splits).
 inline int block_m(bool decode_tile) { return decode_tile ? 64 : 128; }
 inline int block_n(int head_dim) { return head_dim <= 64 ? 128 : 64; }
-// CTAs of the decode tile resident per SM (shared memory: Q tile + 2 stages of K and V; two at
-// most, the kernel's register budget of 255 per thread allows no more at d >= 128).
+// K/V buffers of the decode tile (traits.h: decode_stages).
+inline int decode_stages(int head_dim) { return head_dim <= 128 ? 3 : 2; }
+// CTAs of the decode tile resident per SM (shared memory: Q tile + `stages` K and V tiles; two
+// at most, the kernel's register budget of 255 per thread allows no more at d >= 128).
 inline int ctas_per_sm(int head_dim) {
     const int bm = block_m(true), bn = block_n(head_dim);
-    const int smem = (bm + 4 * bn) * head_dim * 2 + 128;
+    const int smem = (bm + 2 * decode_stages(head_dim) * bn) * head_dim * 2 + 128;
     return std::max(1, std::min(2, (227 * 1024) / smem));
 }
 

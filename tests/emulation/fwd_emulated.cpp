@@ -6,8 +6,8 @@
 // cu_seqlens_k.bin, seqused_k.bin (int32); KV cache / decode: block_table.bin (int32 (b, bt_cols),
 // page size "page"), cache_batch_idx.bin, leftpad.bin (int32 (b)), "num_splits" (0 = the host
 // heuristic of kernels/decode.h, as flash_api.cpp), "pack_gqa" (1: GQA packing where
-// decode.h allows it, as the kvcache op). Split-KV partials are merged on the host with the
-// formula of kernels/combine.cu. Writes CASE_DIR/o.bin (contiguous, d_padded columns) and
+// decode.h allows it, as the kvcache op). Split-KV partials are merged by the combine kernel
+// (kernels/combine.cuh) on the emulator. Writes CASE_DIR/o.bin (contiguous, d_padded columns) and
 // lse.bin (fp32). Exit status 0 on success; an out-of-bounds access aborts.
 // Output buffers have guard zones filled with a sentinel, checked after the run.
 // Build with -DEMU_HEAD_DIM=<kernel head dim> (one head dim per binary keeps compiles short).
@@ -15,10 +15,12 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include <cmath>
 #include <vector>
 
+#include "kernels/combine.cuh"
 #include "kernels/decode.h"
 #include "kernels/sm80/fwd.cuh"
 #include "host_io.h"
@@ -96,36 +98,43 @@ void run(FwdParams& params) {
     }
 }
 
-// kernels/combine.cu on the host: o = sum_i exp(lse_i - lse) o_i, lse = logsumexp_i lse_i.
+// kernels/combine.cuh, the combine kernel of the kvcache op, on the emulator (the launcher's
+// choice of the float4 path: csrc/kernels/combine.cu).
 template <typename Element>
 void combine(const FwdParams& p) {
+    namespace cb = flash_cuda::combine;
     const int64_t rows = static_cast<int64_t>(p.b) * p.h * p.seqlen_q;
-    const float* lse_acc = p.softmax_lseaccum_ptr;
-    const float* o_acc = static_cast<const float*>(p.oaccum_ptr);
-    for (int64_t row = 0; row < rows; ++row) {
-        float m = -INFINITY;
-        for (int s = 0; s < p.num_splits; ++s) m = std::max(m, lse_acc[s * rows + row]);
-        float sum = 0.f;
-        for (int s = 0; s < p.num_splits; ++s) {
-            const float l = lse_acc[s * rows + row];
-            sum += l == -INFINITY ? 0.f : std::exp(l - m);
-        }
-        const float lse = (m == -INFINITY || sum == 0.f) ? INFINITY : m + std::log(sum);
+    const unsigned blocks = static_cast<unsigned>((rows + cb::kWarpsPerBlock - 1) / cb::kWarpsPerBlock);
+    const bool vec4 = p.d % 4 == 0 && p.d_rounded % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.oaccum_ptr) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.o_ptr) % 8 == 0 && p.o_batch_stride % 4 == 0 &&
+                      p.o_row_stride % 4 == 0 && p.o_head_stride % 4 == 0;
+    std::printf("emulator: combine kernel, %s path\n", vec4 ? "float4" : "scalar");
+    auto launch = [&](auto vec) {
+        emu::launch(dim3(blocks), cb::kWarpsPerBlock * 32, cb::kSmemBytes,
+                    [&] { cb::combine_splits_kernel<Element, decltype(vec)::value>(p); });
+    };
+    if (!vec4) return launch(std::false_type{});
+    // Both paths: the scalar one first, then the float4 one must write the same bits.
+    launch(std::false_type{});
+    auto out_row = [&](int64_t row) {
         const int64_t sq = p.seqlen_q, h = p.h;
-        const int64_t bi = row / (h * sq), hi = (row / sq) % h, qi = row % sq;
-        Element* out = static_cast<Element*>(p.o_ptr) + bi * p.o_batch_stride + qi * p.o_row_stride +
-                       hi * p.o_head_stride;
-        for (int c = 0; c < p.d; ++c) {
-            float acc = 0.f;
-            for (int s = 0; s < p.num_splits; ++s) {
-                const float l = lse_acc[s * rows + row];
-                const float w = (lse == INFINITY || l == -INFINITY) ? 0.f : std::exp(l - lse);
-                acc += w * o_acc[(s * rows + row) * p.d_rounded + c];
-            }
-            const uint32_t packed = flash_cuda::ptx::pack_float2<Element>(acc, 0.f);
-            std::memcpy(&out[c], &packed, 2);
+        return static_cast<const Element*>(p.o_ptr) + (row / (h * sq)) * p.o_batch_stride +
+               (row % sq) * p.o_row_stride + ((row / sq) % h) * p.o_head_stride;
+    };
+    std::vector<Element> scalar_o(static_cast<size_t>(rows) * p.d);
+    std::vector<float> scalar_lse(p.softmax_lse_ptr, p.softmax_lse_ptr + rows);
+    for (int64_t row = 0; row < rows; ++row) {
+        std::memcpy(&scalar_o[row * p.d], out_row(row), p.d * sizeof(Element));
+    }
+    launch(std::true_type{});
+    for (int64_t row = 0; row < rows; ++row) {
+        if (std::memcmp(&scalar_o[row * p.d], out_row(row), p.d * sizeof(Element)) != 0 ||
+            std::memcmp(&scalar_lse[row], p.softmax_lse_ptr + row, sizeof(float)) != 0) {
+            std::fprintf(stderr, "emulation error: combine float4 and scalar paths differ "
+                                 "(row %lld)\n", static_cast<long long>(row));
+            std::exit(4);
         }
-        p.softmax_lse_ptr[row] = lse;
     }
 }
 

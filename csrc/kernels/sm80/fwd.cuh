@@ -441,6 +441,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     CtaScalars& cta = *reinterpret_cast<CtaScalars*>(smem + Traits::kSmemScalarsOffset);
     KVSource kv;                       // prologue copy of cta.kv
     int seqlen_k;
+    bool warp_computes = true;         // false: an idle warp of the decode tile (see the loop)
     {
         const SequenceInfo seq = SequenceInfo::make(params, batch);
         // GQA packed in the kernel (decode tile): G rows per query position (PackedRow).
@@ -449,6 +450,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int tile_rows = seq.seqlen_q * group;  // rows of this (batch, head) problem
         if (m0 >= tile_rows) return;  // varlen: this sequence is shorter than the grid
         const int valid_q_rows = min(kBlockM, tile_rows - m0);
+        if constexpr (Traits::kSkipIdleWarps) {
+            warp_computes = warp * Traits::kWarpRows < valid_q_rows;
+        }
         seqlen_k = seq.seqlen_k;
         // Query position of tile row m0 + r (r may be past the valid rows).
         auto position = [&](int packed_row) { return packed ? packed_row / group : packed_row; };
@@ -566,13 +570,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                       seqlen_k - n_block * kBlockN, tid);
     };
 
-    // ---- Prologue: Q (issued above) with K of the first block, then (double buffering) V0, K1.
+    // ---- Prologue: Q (issued above) with K of the first block, then (kStages buffers)
+    // V0 K1 .. V(kStages-2) K(kStages-1), one group each (empty past the last block).
     load_k(0, kv);
     ptx::cp_async_commit();
-    if constexpr (kStages == 2) {
+    if constexpr (kStages >= 2) {
         load_v(0, kv);
         ptx::cp_async_commit();
         if (n_iters > 1) load_k(1, kv);
+        ptx::cp_async_commit();
+    }
+    if constexpr (kStages == 3) {
+        if (n_iters > 1) load_v(1, kv);
+        ptx::cp_async_commit();
+        if (n_iters > 2) load_k(2, kv);
         ptx::cp_async_commit();
     }
 
@@ -589,7 +600,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     softmax.init();
     const int warp_row0 = warp * Traits::kWarpRows;  // in the tile
 
-    for (int it = 0; it < n_iters; ++it) {
+    // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid rows
+    // (1..g real rows of 64 in a decode step) only issues its share of the K/V copies and joins
+    // the main loop's two barriers per key block, in the same order; no math. Its rows are
+    // never stored (the epilogue writes valid rows only).
+    int compute_iters = n_iters;
+    if (Traits::kSkipIdleWarps && !warp_computes) {
+        for (int it = 0; it < n_iters; ++it) {
+            ptx::cp_async_wait<kGroupsInFlight>();
+            __syncthreads();
+            if (it + kStages - 1 < n_iters) load_v(it + kStages - 1, cta.kv);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<kGroupsInFlight>();
+            __syncthreads();
+            if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
+            ptx::cp_async_commit();
+        }
+        compute_iters = 0;
+    }
+    for (int it = 0; it < compute_iters; ++it) {
         const int n_block = n_block_max - 1 - it;
         const int slot = it % kStages;
 

@@ -108,6 +108,22 @@ bool launch_tile_variant(FwdParams& params, cudaStream_t stream) {
     return false;
 }
 
+#ifdef FLASH_CUDA_FWD_TUNING
+// Tuning builds: the decode tile variant params.tile_variant of tune_configs.h (4..6), if any.
+template <typename Element, int HeadDim, bool Causal, int Variant = kFirstDecodeVariant>
+bool launch_decode_variant(FwdParams& params, cudaStream_t stream) {
+    if constexpr (Variant < kFirstDecodeVariant + kNumDecodeVariants) {
+        if (params.tile_variant == Variant) {
+            using Traits = typename FwdDecodeTuneConfig<HeadDim, Variant>::Traits;
+            launch_fwd<Element, Traits, Traits, Traits, Causal>(params, stream);
+            return true;
+        }
+        return launch_decode_variant<Element, HeadDim, Causal, Variant + 1>(params, stream);
+    }
+    return false;
+}
+#endif
+
 }  // namespace sm80
 
 template <typename Element, int HeadDim, bool Causal>
@@ -123,6 +139,9 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
     // tile (traits.h: FwdDecodeConfig), also for the ALiBi / softcap variants.
     if (params.seqlen_q <= sm80::FwdDecodeConfig<HeadDim>::kBlockM || params.block_table != nullptr ||
         params.gqa_pack > 1) {
+#ifdef FLASH_CUDA_FWD_TUNING
+        if (sm80::launch_decode_variant<Element, HeadDim, Causal>(params, stream)) return;
+#endif
         using Decode = typename sm80::FwdDecodeConfig<HeadDim>::Traits;
         sm80::launch_fwd<Element, Decode, Decode, Decode, Decode, Causal>(params, stream);
         return;

@@ -27,13 +27,17 @@ struct FwdTraits {
     static constexpr int kNThreads = NWarps * 32;
     // K/V buffers: 1 = one K and one V tile (the V load overlaps S = QK^T, the next K load
     // overlaps softmax and PV); 2 = double buffered (the next block's K and V load during the
-    // whole current iteration).
+    // whole current iteration); 3 = the K/V tiles of the next two blocks in flight (decode).
     static constexpr int kStages = Stages;
     // Split-KV partial outputs and paged K/V loads (fwd.cuh) compiled in: only in the decode
     // tile (FwdDecodeTraits); the 128-row tile at d = 128 would spill registers with them.
     static constexpr bool kSplitKV = false;
     static constexpr bool kPagedKV = false;
     static constexpr bool kPackGQA = false;  // params.gqa_pack (in-kernel GQA packing)
+    // Warps whose rows all lie past the tile's valid query rows skip the math of the key loop
+    // (they still issue their share of the K/V copies and join every barrier). Decode tile
+    // only: there a tile has 1..g real rows of 64; the 128-row tile keeps its loop unchanged.
+    static constexpr bool kSkipIdleWarps = false;
 
     static constexpr int kWarpRows = kBlockM / kNWarps;
     static constexpr int kMTiles = kWarpRows / 16;  // 16-row slices per warp
@@ -57,7 +61,7 @@ struct FwdTraits {
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim: multiple of 32, at most 256");
     static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row slices");
     static_assert(kBlockN % 16 == 0, "key block: whole k16 steps of the PV product");
-    static_assert(kStages == 1 || kStages == 2, "one or two K/V buffers");
+    static_assert(kStages >= 1 && kStages <= 3, "one to three K/V buffers");
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
     static_assert(kMTiles * (kNTiles + kDTiles) * 4 <= 192,
                   "accumulators alone would exceed the register file of a thread");
@@ -144,16 +148,20 @@ template <> struct FwdConfig<256> { using Traits = FwdTraits<256, 64, 64, 4, 1>;
 // for every paged-KV call; the only tile with split-KV and paged loads compiled in):
 // 64 query rows, 4 warps of 16 rows (kMTiles = 1: half the MMA work of the 128-row tile on
 // rows that are mostly padding, and half the accumulator registers), key blocks of 64 rows
-// (128 for d <= 64), 2 stages. Decode is a stream of K/V bytes: at d = 128 a CTA has up to three
-// 16 KB K/V tiles in flight (V_j, K_j+1, V_j+1 while computing on K_j) and takes 80 KB of shared
-// memory, so two CTAs share an SM: ~96 KB in flight per SM, ~12 MB over 132 SMs, about twice
-// the ~6 MB that 4 TB/s needs at ~1.5 us loaded latency (Little's law), with 8 warps per SM to
-// issue the copies. bench/NOTES_decode.md has the reasoning and measurements.
+// (128 for d <= 64), 3 stages at d <= 128 (else 2). Decode is a stream of K/V bytes: at
+// d = 128 a CTA has up to five 16 KB K/V tiles in flight (V_j, K_j+1, V_j+1, K_j+2, V_j+2 while
+// computing on K_j) and takes 112 KB of shared memory, so two CTAs still share an SM (2 stages:
+// three tiles, 80 KB; the measured b1/b8 cells stayed at 2-3.9 TB/s, latency bound, with 68 KB
+// of each SM's shared memory unused). Idle warps (rows all padding) skip the math
+// (kSkipIdleWarps). bench/NOTES_decode.md has the reasoning and measurements.
+constexpr int decode_stages(int head_dim) { return head_dim <= 128 ? 3 : 2; }
 template <int HeadDim>
-struct FwdDecodeTraits : FwdTraits<HeadDim, 64, (HeadDim <= 64 ? 128 : 64), 4, 2> {
+struct FwdDecodeTraits
+    : FwdTraits<HeadDim, 64, (HeadDim <= 64 ? 128 : 64), 4, decode_stages(HeadDim)> {
     static constexpr bool kSplitKV = true;
     static constexpr bool kPagedKV = true;
     static constexpr bool kPackGQA = true;
+    static constexpr bool kSkipIdleWarps = true;
 };
 template <int HeadDim>
 struct FwdDecodeConfig {

@@ -44,5 +44,29 @@ template <> struct FwdTuneConfig<256, 1> { static constexpr bool kExists = true;
 template <> struct FwdTuneConfig<256, 2> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 128, 64, 8, 1>; };
 template <> struct FwdTuneConfig<256, 3> { static constexpr bool kExists = true; using Traits = FwdTraits<256, 64, 32, 4, 2>; };
 
+// Decode tile variants (FLASH_CUDA_FWD_TILE=4..6; calls that take the decode tile), to A/B its
+// K/V stages and idle-warp skipping in one build: 4 = 2 stages with idle warps skipping the
+// math, 5 = decode_stages() without skipping, 6 = 2 stages without skipping (the decode tile
+// before branch decodeperf). Variant 0 is FwdDecodeConfig (decode_stages(), skipping).
+constexpr int kFirstDecodeVariant = 4;
+constexpr int kNumDecodeVariants = 3;
+template <int HeadDim, int Stages, bool SkipIdleWarps>
+struct FwdDecodeTuneTraits : FwdTraits<HeadDim, 64, (HeadDim <= 64 ? 128 : 64), 4, Stages> {
+    static constexpr bool kSplitKV = true;
+    static constexpr bool kPagedKV = true;
+    static constexpr bool kPackGQA = true;
+    static constexpr bool kSkipIdleWarps = SkipIdleWarps;
+};
+template <int HeadDim, int Variant>
+struct FwdDecodeTuneConfig;
+template <int HeadDim>
+struct FwdDecodeTuneConfig<HeadDim, 4> { using Traits = FwdDecodeTuneTraits<HeadDim, 2, true>; };
+template <int HeadDim>
+struct FwdDecodeTuneConfig<HeadDim, 5> {
+    using Traits = FwdDecodeTuneTraits<HeadDim, decode_stages(HeadDim), false>;
+};
+template <int HeadDim>
+struct FwdDecodeTuneConfig<HeadDim, 6> { using Traits = FwdDecodeTuneTraits<HeadDim, 2, false>; };
+
 }  // namespace sm80
 }  // namespace flash_cuda
