@@ -115,7 +115,7 @@ bool launch_decode_variant(FwdParams& params, cudaStream_t stream) {
     if constexpr (Variant < kFirstDecodeVariant + kNumDecodeVariants) {
         if (params.tile_variant == Variant) {
             using Traits = typename FwdDecodeTuneConfig<HeadDim, Variant>::Traits;
-            launch_fwd<Element, Traits, Traits, Traits, Causal>(params, stream);
+            launch_fwd<Element, Traits, Traits, Traits, Traits, Causal>(params, stream);
             return true;
         }
         return launch_decode_variant<Element, HeadDim, Causal, Variant + 1>(params, stream);
