@@ -39,6 +39,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -51,6 +52,12 @@
 #include "kernels/sm80/tile_io.cuh"
 #include "kernels/sm80/traits.h"
 #include "kernels/sm80/warp_gemm.cuh"
+
+// FLASH_CUDA_BWD_V1=1 restores the previous main-loop code (per-element branch around the
+// exponential in the P^T step, scalar dQ atomics) for A/B timing; default 0.
+#ifndef FLASH_CUDA_BWD_V1
+#define FLASH_CUDA_BWD_V1 0
+#endif
 
 namespace flash_cuda {
 namespace sm80 {
@@ -472,19 +479,42 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     const int qi = qcol0 + 8 * nt + c;
                     const float lse_log2 = smem_lse[qi] * static_cast<float>(M_LOG2E);
                     const float dsum = smem_dsum[qi];
+#if !FLASH_CUDA_BWD_V1
+                    // Keys this query sees, relative to key0: [key_lo, key_hi) (all of them when
+                    // the block needs no mask). Masked elements get exponent -inf (p = +0), so
+                    // the exponential is unconditional: no branch per element (the earlier
+                    // `visible ? exp2(..) : 0` compiled to one branch + convergence barrier per
+                    // element, and ptxas could not interleave the MUFU ops).
+                    const int query = m0 + qi;
+                    const int key_lo =
+                        block_needs_mask ? query + range.begin_shift - key0 : INT_MIN;
+                    const int key_hi =
+                        block_needs_mask ? min(range.seqlen_k, query + range.end_shift) - key0
+                                         : INT_MAX;
+#endif
 #pragma unroll
                     for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
                         for (int half = 0; half < 2; ++half) {
-                            const int key = key0 + 16 * mt + 8 * half;
+                            [[maybe_unused]] const int key = key0 + 16 * mt + 8 * half;
                             const int e = 2 * half + c;
+#if FLASH_CUDA_BWD_V1
                             const bool visible =
                                 !block_needs_mask || key_visible(range, key, m0 + qi);
+#else
+                            const bool visible =
+                                16 * mt + 8 * half >= key_lo && 16 * mt + 8 * half < key_hi;
+#endif
                             float p, dscore = 1.f;  // dscore: d(final score) / d(scale s)
                             if constexpr (!HasSoftcap && !HasAlibi) {
+#if FLASH_CUDA_BWD_V1
                                 p = visible ? ptx::exp2_approx(
                                                   fmaf(acc_s[mt][nt][e], score_log2, -lse_log2))
                                             : 0.f;
+#else
+                                const float x = fmaf(acc_s[mt][nt][e], score_log2, -lse_log2);
+                                p = ptx::exp2_approx(visible ? x : -INFINITY);
+#endif
                             } else {
                                 float x = acc_s[mt][nt][e];
                                 if constexpr (HasSoftcap) {
@@ -497,7 +527,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                     const int distance = abs(m0 + qi + mask.diag - key);
                                     x = fmaf(-alibi_slope_log2, static_cast<float>(distance), x);
                                 }
+#if FLASH_CUDA_BWD_V1
                                 p = visible ? ptx::exp2_approx(x - lse_log2) : 0.f;
+#else
+                                p = ptx::exp2_approx(visible ? x - lse_log2 : -INFINITY);
+#endif
                             }
                             float dp = acc_dp[mt][nt][e];
                             float p_dv = p;  // P in dV += P^T dO (dropped and scaled)
@@ -559,8 +593,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                         wd * Traits::kDqCols + 2 * (lane % 4);
 #pragma unroll
                         for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
+#if FLASH_CUDA_BWD_V1
                             atomicAdd(dq_row + 8 * dt, acc_dq[dt][2 * half]);
                             atomicAdd(dq_row + 8 * dt + 1, acc_dq[dt][2 * half + 1]);
+#else
+                            // One 8-byte vector reduction (sm_90; two atomics before).
+                            ptx::red_add_f32x2(dq_row + 8 * dt, acc_dq[dt][2 * half],
+                                               acc_dq[dt][2 * half + 1]);
+#endif
                         }
                     }
                 }
