@@ -111,9 +111,11 @@ struct BwdTraits {
         using KVTile = SwizzledTile<BlockM, HeadDim>;  // the B operand: Q (or dO)
     };
     // dP^T = V dO^T one query slice at a time (kDpParts slices of kBlockM / kDpParts rows):
-    // two at d >= 128, where the registers are short (fewer live fp32 values at the peak, for
-    // one more load of the warp's V fragments per slice).
-    static constexpr int kDpParts = HeadDim >= 128 ? 2 : 1;
+    // two for the 64-query tile at d >= 128 (d128 plain: spill-free with two, the S^T + dP^T
+    // peak otherwise). The 32-query tiles keep one: ptxas (CUDA 13) spilled more with two at
+    // d160-d224 (d160 fp16: 60-68 B vs 0; d224: 612-684 B vs 492-584 B), d128 bias tile 0 B
+    // either way.
+    static constexpr int kDpParts = (HeadDim >= 128 && BlockM >= 64) ? 2 : 1;
     struct PartScoreGemm {
         static constexpr int kHeadDim = HeadDim;
         static constexpr int kMTiles = kKeyTiles;
