@@ -8,13 +8,18 @@
 //        Q_m, dO_m, lse_m, D_m -> shared (cp.async; the next query block loads during
 //                                this one)
 //        S^T  = K Q^T        (warps split the keys: each warp owns kKeyTiles x 16 key rows)
-//        dP^T = V dO^T
-//        P^T  = exp2(S^T scale log2(e) - lse log2(e)),   0 where masked
+//        P^T  = exp2(S^T scale log2(e) - lse log2(e)),   0 where masked (exponent -inf: no
+//                                              branch per element)
+//        dV  += P^T dO                         (P^T straight from the accumulators into A
+//                                              fragments, fp32 accumulators in registers)
+//        dP^T = V dO^T, in kDpParts query slices after the dV GEMM (S^T and dP^T are never
+//               live together), each slice turned into
 //        dZ^T = P^T (dP^T - D)                 (gradient of the scaled scores z = scale s)
-//        dV  += P^T dO,  dK += dZ^T Q          (P^T / dZ^T straight from the accumulators into
-//                                              A fragments, fp32 accumulators in registers)
+//        dK  += dZ^T Q
 //        dZ^T -> shared (Element); dQ += dZ K  (warps split query rows x head-dim columns;
-//                                              fp32 atomicAdd into dq_accum)
+//                                              fp32 red.global.add.v2 into dq_accum)
+//      (-DFLASH_CUDA_BWD_V1=1: the previous loop -- S^T and dP^T first, a branch around each
+//      exponential, scalar atomics -- for A/B timing.)
 //      At the end dK, dV (fp32, unscaled) go to the per-query-head workspaces dk_accum /
 //      dv_accum (b, h, seqlen_k_rounded, HeadDim): written once by one CTA, no atomics.
 //   3. postprocess: dq = scale * dq_accum, dk = scale * sum over the query heads of a KV head of
