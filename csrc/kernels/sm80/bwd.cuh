@@ -399,7 +399,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                      seq.acc_row0 * Traits::kHeadDim;
 #if !FLASH_CUDA_BWD_V1
     if (tid == 0) {  // visible after the barrier at the top of the first key block
-        BwdCtaPointers& ptrs = *reinterpret_cast<BwdCtaPointers*>(smem + Traits::kSmemPointersOffset);
+        BwdCtaPointers& ptrs =
+            *reinterpret_cast<BwdCtaPointers*>(smem + Traits::kSmemPointersOffset);
         ptrs.q = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
                  head * params.q_head_stride;
         ptrs.d_o = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
@@ -660,67 +661,79 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 !(n0 >= m0 + kBlockM - 1 + range.begin_shift &&
                   n0 + kBlockN <= min(range.seqlen_k, m0 + range.end_shift));
             const int key0 = n0 + warp_key0 + bwd_fresh(lane) / 4;  // key of element (0, 0, 0)
-            const int qcol0 = 2 * (bwd_fresh(lane) % 4);  // query (in the block) of element (0, 0, 0)
+            const int qcol0 = 2 * (bwd_fresh(lane) % 4);  // query (in the block) of (0, 0, 0)
             // frag[mt][nt / 2][2 (nt % 2) + half] packs elements (mt, nt, 2 half + c), c = 0, 1:
             // the A-fragment layout of convert_p_to_a_fragments. P^T first, dZ^T later.
             uint32_t frag[kKeyTiles][kBlockM / 16][4];
+            // Two copies of the loop, picked per block (uniform branch): blocks inside every
+            // row's key range skip the per-element visibility test (the masked copy is exact
+            // for any block).
+            auto p_step = [&](auto masked) {
 #pragma unroll
-            for (int nt = 0; nt < kQTiles8; ++nt) {
-                float lse_log2[2];
-                int key_lo[2], key_hi[2];
+                for (int nt = 0; nt < kQTiles8; ++nt) {
+                    float lse_log2[2];
+                    int key_lo[2], key_hi[2];
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int qi = qcol0 + 8 * nt + c;
-                    lse_log2[c] = smem_lse[qi] * static_cast<float>(M_LOG2E);
-                    // Keys this query sees, relative to key0: [key_lo, key_hi) (all when the
-                    // block needs no mask). Masked elements get exponent -inf (p = +0): the
-                    // exponential is unconditional, no branch per element.
-                    const int query = m0 + qi;
-                    key_lo[c] = block_needs_mask ? query + range.begin_shift - key0 : INT_MIN;
-                    key_hi[c] = block_needs_mask
-                                    ? min(range.seqlen_k, query + range.end_shift) - key0
-                                    : INT_MAX;
-                }
+                    for (int c = 0; c < 2; ++c) {
+                        const int qi = qcol0 + 8 * nt + c;
+                        lse_log2[c] = smem_lse[qi] * static_cast<float>(M_LOG2E);
+                        // Keys this query sees, relative to key0: [key_lo, key_hi). Masked
+                        // elements get exponent -inf (p = +0): the exponential is
+                        // unconditional, no branch per element.
+                        const int query = m0 + qi;
+                        key_lo[c] = query + range.begin_shift - key0;
+                        key_hi[c] = min(range.seqlen_k, query + range.end_shift) - key0;
+                    }
 #pragma unroll
-                for (int mt = 0; mt < kKeyTiles; ++mt) {
+                    for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        float p_dv[2];  // P in dV += P^T dO (dropped and scaled)
+                        for (int half = 0; half < 2; ++half) {
+                            float p_dv[2];  // P in dV += P^T dO (dropped and scaled)
 #pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            const int e = 2 * half + c;
-                            const int kofs = 16 * mt + 8 * half;  // key - key0
-                            const bool visible = kofs >= key_lo[c] && kofs < key_hi[c];
-                            float x = acc_s[mt][nt][e];
-                            float dscore = 1.f;  // d(final score) / d(scale s)
-                            if constexpr (!HasSoftcap && !HasAlibi) {
-                                x = fmaf(x, score_log2, -lse_log2[c]);
-                            } else {
-                                if constexpr (HasSoftcap) {
-                                    const float t = ptx::tanh_approx(x * softcap_pre_scale);
-                                    dscore = fmaf(-t, t, 1.f);
-                                    x = t;
+                            for (int c = 0; c < 2; ++c) {
+                                const int e = 2 * half + c;
+                                const int kofs = 16 * mt + 8 * half;  // key - key0
+                                const bool visible = !decltype(masked)::value ||
+                                                     (kofs >= key_lo[c] && kofs < key_hi[c]);
+                                float x = acc_s[mt][nt][e];
+                                float dscore = 1.f;  // d(final score) / d(scale s)
+                                if constexpr (!HasSoftcap && !HasAlibi) {
+                                    x = fmaf(x, score_log2, -lse_log2[c]);
+                                } else {
+                                    if constexpr (HasSoftcap) {
+                                        const float t = ptx::tanh_approx(x * softcap_pre_scale);
+                                        dscore = fmaf(-t, t, 1.f);
+                                        x = t;
+                                    }
+                                    x *= score_log2;
+                                    if constexpr (HasAlibi) {
+                                        const int qi = qcol0 + 8 * nt + c;
+                                        const int distance = abs(m0 + qi + mask.diag - key0 - kofs);
+                                        x = fmaf(-alibi_slope_log2,
+                                                 static_cast<float>(distance), x);
+                                    }
+                                    x -= lse_log2[c];
                                 }
-                                x *= score_log2;
-                                if constexpr (HasAlibi) {
-                                    const int qi = qcol0 + 8 * nt + c;
-                                    const int distance = abs(m0 + qi + mask.diag - key0 - kofs);
-                                    x = fmaf(-alibi_slope_log2, static_cast<float>(distance), x);
+                                const float p = ptx::exp2_approx(visible ? x : -INFINITY);
+                                p_dv[c] = p;
+                                if constexpr (IsDropout) {
+                                    const bool kept = (keep[mt][nt / 8] >> (4 * (nt % 8) + e)) & 1u;
+                                    p_dv[c] = kept ? p * params.rp_keep : 0.f;
                                 }
-                                x -= lse_log2[c];
+                                acc_s[mt][nt][e] = HasSoftcap ? p * dscore : p;
                             }
-                            const float p = ptx::exp2_approx(visible ? x : -INFINITY);
-                            p_dv[c] = p;
-                            if constexpr (IsDropout) {
-                                const bool kept = (keep[mt][nt / 8] >> (4 * (nt % 8) + e)) & 1u;
-                                p_dv[c] = kept ? p * params.rp_keep : 0.f;
-                            }
-                            acc_s[mt][nt][e] = HasSoftcap ? p * dscore : p;
+                            frag[mt][nt / 2][2 * (nt % 2) + half] =
+                                ptx::pack_float2<Element>(p_dv[0], p_dv[1]);
                         }
-                        frag[mt][nt / 2][2 * (nt % 2) + half] =
-                            ptx::pack_float2<Element>(p_dv[0], p_dv[1]);
                     }
                 }
+            };
+            if constexpr (IsDropout) {
+                p_step(std::true_type{});  // one copy (two spilled 68-88 B at d128)
+            } else if (block_needs_mask) {
+                p_step(std::true_type{});
+            } else {
+                p_step(std::false_type{});
             }
             warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
 
