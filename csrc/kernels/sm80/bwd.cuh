@@ -179,6 +179,13 @@ template <> struct BwdConfig<192> { using Traits = BwdTraits<192, 32, 64, 4>; };
 template <> struct BwdConfig<224> { using Traits = BwdTraits<224, 32, 64, 4>; };
 template <> struct BwdConfig<256> { using Traits = BwdTraits<256, 32, 64, 4>; };
 
+// The tile of the dropout kernels (no softcap / ALiBi): the 32-query bias tile at d >= 128 (the
+// 64-query tile spilled 52-76 B at d128 with the Philox draws in the loop), else the main tile.
+template <int HeadDim>
+using bwd_dropout_traits_t =
+    std::conditional_t<(HeadDim >= 128 && !FLASH_CUDA_BWD_V1), bias_traits_t<BwdConfig<HeadDim>>,
+                       typename BwdConfig<HeadDim>::Traits>;
+
 // Where one (batch, query head) starts in every tensor and workspace, fixed length or varlen.
 struct BwdSequence {
     int64_t q_offset, do_offset;  // elements: query row 0 of the sequence (head 0)

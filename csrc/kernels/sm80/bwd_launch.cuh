@@ -74,11 +74,8 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
                 throw std::runtime_error("flash_cuda: the backward kernel's dropout covers fixed "
                                          "length without softcap / ALiBi, non-deterministic");
             }
-            // d >= 128: the bias tile (the 64-query tile spilled 52-76 B with the Philox draws).
-            using DropoutTraits =
-                std::conditional_t<(HeadDim >= 128 && !FLASH_CUDA_BWD_V1), BiasTraits, Traits>;
-            sm80::launch_bwd_kernel<Element, DropoutTraits, Causal, false, false, true>(params,
-                                                                                      stream);
+            sm80::launch_bwd_kernel<Element, sm80::bwd_dropout_traits_t<HeadDim>, Causal, false,
+                                    false, true>(params, stream);
         } else if (has_softcap && has_alibi) {
             sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, true, false>(params, stream);
         } else if (has_softcap) {
