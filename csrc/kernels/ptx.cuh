@@ -141,6 +141,20 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&acc)[4], const 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// red.global.add.v2.f32 (sm_90+; PTX ISA 8.1): addr[0] += a, addr[1] += b as one vector
+// reduction (no return value; addr 8-byte aligned, in global memory). One request per 8 bytes
+// instead of two scalar ones: a warp's 32 lanes update whole 32-byte sectors. Before sm_90:
+// two scalar fp32 atomicAdd. Either way each element is an atomic fp32 add (order not defined).
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b)
+                 : "memory");
+#else
+    atomicAdd(addr, a);
+    atomicAdd(addr + 1, b);
+#endif
+}
+
 // ex2.approx.ftz.f32: 2^x (ex2(-inf) = +0), the softmax exponential.
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;

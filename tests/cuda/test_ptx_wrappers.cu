@@ -257,6 +257,32 @@ void check_misc() {
     cudaFree(d_math);
 }
 
+// ---- red.global.add.v2.f32 (two atomicAdd before sm_90): 4 blocks x 32 lanes add
+// (lane, -lane / 2) into float pair lane % 8, so pair j gets 16 adds (lanes j, j + 8, j + 16,
+// j + 24 of each block); integer / half-integer sums, exact in any order.
+__global__ void red_kernel(float* out) {
+    const int lane = threadIdx.x;
+    ptx::red_add_f32x2(out + 2 * (lane % 8), static_cast<float>(lane), -0.5f * lane);
+}
+
+void check_red() {
+    float* d_out;
+    CUDA_OK(cudaMalloc(&d_out, 16 * sizeof(float)));
+    CUDA_OK(cudaMemset(d_out, 0, 16 * sizeof(float)));
+    red_kernel<<<4, 32>>>(d_out);
+    CUDA_OK(cudaGetLastError());
+    float out[16];
+    CUDA_OK(cudaMemcpy(out, d_out, sizeof(out), cudaMemcpyDeviceToHost));
+    bool ok = true;
+    for (int pair = 0; pair < 8; ++pair) {
+        float sum = 0.f;  // lanes pair, pair + 8, pair + 16, pair + 24, in 4 blocks
+        for (int lane = pair; lane < 32; lane += 8) sum += 4.f * lane;
+        ok &= out[2 * pair] == sum && out[2 * pair + 1] == -0.5f * sum;
+    }
+    report("red.global.add.v2.f32 (red_add_f32x2) adds both elements", ok);
+    cudaFree(d_out);
+}
+
 int main() {
     check_mma<__half>("mma.m16n8k16 f16");
     check_mma<__nv_bfloat16>("mma.m16n8k16 bf16");
@@ -266,6 +292,7 @@ int main() {
     check_swizzle<64, 32>("swizzle 64x32");
     check_swizzle<64, 256>("swizzle 64x256");
     check_misc();
+    check_red();
     CUDA_OK(cudaDeviceSynchronize());
     std::printf("%d failure(s)\n", g_failures);
     return g_failures == 0 ? 0 : 1;

@@ -44,12 +44,15 @@ void launch(dim3 grid, int threads, size_t smem, Kernel kernel, BwdParams& param
     });
 }
 
-template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap>
-void run(BwdParams& params) {
+template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap, bool IsDropoutRun>
+void run_tile(BwdParams& params) {
     using namespace flash_cuda::sm80;
     using Config = BwdConfig<EMU_HEAD_DIM>;
-    using Traits = std::conditional_t<HasAlibi || HasSoftcap, bias_traits_t<Config>,
-                                      typename Config::Traits>;
+    // Dropout kernels (no softcap / ALiBi): bwd_dropout_traits_t, as the launcher.
+    using Traits = std::conditional_t<
+        HasAlibi || HasSoftcap, bias_traits_t<Config>,
+        std::conditional_t<IsDropoutRun, bwd_dropout_traits_t<EMU_HEAD_DIM>,
+                           typename Config::Traits>>;
     // Same sequence as csrc/kernels/sm80/bwd_launch.cuh (small grids: one block per 256 threads
     // of work, grid-stride loops cover the rest).
     const bool varlen = params.cu_seqlens_q != nullptr;
@@ -59,15 +62,20 @@ void run(BwdParams& params) {
            &mha_bwd_preprocess_kernel<Element>, params);
     const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
-    if (params.p_keep < 1.f) {
-        launch(grid, Traits::kNThreads, Traits::kSmemBytes,
-               &mha_bwd_sm80_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap, true>, params);
-    } else {
-        launch(grid, Traits::kNThreads, Traits::kSmemBytes,
-               &mha_bwd_sm80_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap>, params);
-    }
+    launch(grid, Traits::kNThreads, Traits::kSmemBytes,
+           &mha_bwd_sm80_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap, IsDropoutRun>,
+           params);
     launch(dim3(4), 256, 0, &mha_bwd_convert_dq_kernel<Element, EMU_HEAD_DIM>, params);
     launch(dim3(4), 256, 0, &mha_bwd_convert_dkv_kernel<Element, EMU_HEAD_DIM>, params);
+}
+
+template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap>
+void run(BwdParams& params) {
+    if (params.p_keep < 1.f) {
+        run_tile<Element, Causal, HasAlibi, HasSoftcap, true>(params);
+    } else {
+        run_tile<Element, Causal, HasAlibi, HasSoftcap, false>(params);
+    }
 }
 
 template <typename Element>

@@ -8,13 +8,18 @@
 //        Q_m, dO_m, lse_m, D_m -> shared (cp.async; the next query block loads during
 //                                this one)
 //        S^T  = K Q^T        (warps split the keys: each warp owns kKeyTiles x 16 key rows)
-//        dP^T = V dO^T
-//        P^T  = exp2(S^T scale log2(e) - lse log2(e)),   0 where masked
+//        P^T  = exp2(S^T scale log2(e) - lse log2(e)),   0 where masked (exponent -inf: no
+//                                              branch per element)
+//        dV  += P^T dO                         (P^T straight from the accumulators into A
+//                                              fragments, fp32 accumulators in registers)
+//        dP^T = V dO^T, in kDpParts query slices after the dV GEMM (S^T and dP^T are never
+//               live together), each slice turned into
 //        dZ^T = P^T (dP^T - D)                 (gradient of the scaled scores z = scale s)
-//        dV  += P^T dO,  dK += dZ^T Q          (P^T / dZ^T straight from the accumulators into
-//                                              A fragments, fp32 accumulators in registers)
+//        dK  += dZ^T Q
 //        dZ^T -> shared (Element); dQ += dZ K  (warps split query rows x head-dim columns;
-//                                              fp32 atomicAdd into dq_accum)
+//                                              fp32 red.global.add.v2 into dq_accum)
+//      (-DFLASH_CUDA_BWD_V1=1: the previous loop -- S^T and dP^T first, a branch around each
+//      exponential, scalar atomics -- for A/B timing.)
 //      At the end dK, dV (fp32, unscaled) go to the per-query-head workspaces dk_accum /
 //      dv_accum (b, h, seqlen_k_rounded, HeadDim): written once by one CTA, no atomics.
 //   3. postprocess: dq = scale * dq_accum, dk = scale * sum over the query heads of a KV head of
@@ -39,6 +44,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -51,6 +57,12 @@
 #include "kernels/sm80/tile_io.cuh"
 #include "kernels/sm80/traits.h"
 #include "kernels/sm80/warp_gemm.cuh"
+
+// FLASH_CUDA_BWD_V1=1 restores the previous main-loop code (per-element branch around the
+// exponential in the P^T step, scalar dQ atomics) for A/B timing; default 0.
+#ifndef FLASH_CUDA_BWD_V1
+#define FLASH_CUDA_BWD_V1 0
+#endif
 
 namespace flash_cuda {
 namespace sm80 {
@@ -91,7 +103,9 @@ struct BwdTraits {
     static constexpr int kSmemDOffset = kSmemLseOffset + BlockM * 4;
     static constexpr int kSmemQStageBytes = 2 * QTile::kBytes + 2 * BlockM * 4;
     static constexpr int kSmemDSOffset = kSmemQOffset + QStages * kSmemQStageBytes;
-    static constexpr int kSmemBytes = kSmemDSOffset + DSTile::kBytes;
+    static constexpr int kSmemPointersOffset = kSmemDSOffset + DSTile::kBytes;  // BwdCtaPointers
+    static constexpr int kSmemBytes = kSmemPointersOffset + 32;
+    static_assert(kSmemPointersOffset % 16 == 0, "pointer area alignment");
 
     // S^T = K Q^T (and dP^T = V dO^T) in the shape warp_gemm_qk expects: A tile = K, B = Q.
     struct ScoreGemm {
@@ -101,6 +115,20 @@ struct BwdTraits {
         using QTile = SwizzledTile<BlockN, HeadDim>;   // the A operand: K (or V)
         using KVTile = SwizzledTile<BlockM, HeadDim>;  // the B operand: Q (or dO)
     };
+    // dP^T = V dO^T one query slice at a time (kDpParts slices of kBlockM / kDpParts rows):
+    // two for the 64-query tile at d >= 128 (d128 plain: spill-free with two, the S^T + dP^T
+    // peak otherwise). The 32-query tiles keep one: ptxas (CUDA 13) spilled more with two at
+    // d160-d224 (d160 fp16: 60-68 B vs 0; d224: 612-684 B vs 492-584 B), d128 bias tile 0 B
+    // either way.
+    static constexpr int kDpParts = (HeadDim >= 128 && BlockM >= 64) ? 2 : 1;
+    struct PartScoreGemm {
+        static constexpr int kHeadDim = HeadDim;
+        static constexpr int kMTiles = kKeyTiles;
+        static constexpr int kNTiles = BlockM / 8 / kDpParts;
+        using QTile = SwizzledTile<BlockN, HeadDim>;
+        using KVTile = SwizzledTile<BlockM, HeadDim>;  // the whole dO tile (offset per slice)
+    };
+    static_assert((BlockM / 8 / kDpParts) % 2 == 0, "dP^T slices of whole 16-query steps");
     // dV += P^T dO (and dK += dZ^T Q) in the shape warp_gemm_pv expects: k dim = the queries.
     struct GradGemm {
         static constexpr int kHeadDim = HeadDim;
@@ -151,6 +179,13 @@ template <> struct BwdConfig<192> { using Traits = BwdTraits<192, 32, 64, 4>; };
 template <> struct BwdConfig<224> { using Traits = BwdTraits<224, 32, 64, 4>; };
 template <> struct BwdConfig<256> { using Traits = BwdTraits<256, 32, 64, 4>; };
 
+// The tile of the dropout kernels (no softcap / ALiBi): the 32-query bias tile at d >= 128 (the
+// 64-query tile spilled 52-76 B at d128 with the Philox draws in the loop), else the main tile.
+template <int HeadDim>
+using bwd_dropout_traits_t =
+    std::conditional_t<(HeadDim >= 128 && !FLASH_CUDA_BWD_V1), bias_traits_t<BwdConfig<HeadDim>>,
+                       typename BwdConfig<HeadDim>::Traits>;
+
 // Where one (batch, query head) starts in every tensor and workspace, fixed length or varlen.
 struct BwdSequence {
     int64_t q_offset, do_offset;  // elements: query row 0 of the sequence (head 0)
@@ -192,6 +227,15 @@ struct BwdSequence {
         }
         return seq;
     }
+};
+
+// Per-(batch, query head) pointers the query loop needs, kept in shared memory (written once
+// by thread 0) instead of registers.
+struct BwdCtaPointers {
+    const void* q;
+    const void* d_o;
+    const float* lse;
+    const float* dsum;
 };
 
 // D = rowsum(dO * O), fp32: (b, h, seqlen_q_rounded), or (h, total_q) varlen. One warp per
@@ -236,6 +280,17 @@ __global__ void mha_bwd_preprocess_kernel(const __grid_constant__ BwdParams para
 // key0 + 16 mt + 8 (e / 2) and query q0 + 8 nt + (e % 2). Returns whether it is visible.
 __device__ __forceinline__ bool key_visible(const KeyRange& range, int key, int query) {
     return key >= query + range.begin_shift && key < min(range.seqlen_k, query + range.end_shift);
+}
+
+// x, recomputed where used (opaque to the compiler, so lane-derived addresses are rebuilt in
+// the query loop instead of being kept -- or spilled -- through it); x itself with
+// FLASH_CUDA_BWD_V1.
+__device__ __forceinline__ int bwd_fresh(int x) {
+#if FLASH_CUDA_BWD_V1
+    return x;
+#else
+    return ptx::opaque(x);
+#endif
 }
 
 // dQ (rows 16 wm .., columns col0 ..) += dZ (from the dZ^T tile, transposed by ldmatrix) K.
@@ -330,21 +385,37 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                            static_cast<float>(M_LOG2E);
     }
 
+#if FLASH_CUDA_BWD_V1
     const int kv_head = head / params.h_h_k_ratio;
     const Element* k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
                            kv_head * params.k_head_stride;
     const Element* v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
                            kv_head * params.v_head_stride;
+#endif
+#if FLASH_CUDA_BWD_V1
     const Element* q_head = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
                             head * params.q_head_stride;
     const Element* do_head = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
                              head * params.do_head_stride;
     const float* lse_head = params.softmax_lse_ptr + seq.lse_row0;
     const float* dsum_head = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
+#endif
     // Deterministic: this CTA's own dq_accum slice.
     float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
                      (params.deterministic ? blockIdx.x * params.dq_accum_split_stride : 0) +
                      seq.acc_row0 * Traits::kHeadDim;
+#if !FLASH_CUDA_BWD_V1
+    if (tid == 0) {  // visible after the barrier at the top of the first key block
+        BwdCtaPointers& ptrs =
+            *reinterpret_cast<BwdCtaPointers*>(smem + Traits::kSmemPointersOffset);
+        ptrs.q = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
+                 head * params.q_head_stride;
+        ptrs.d_o = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
+                   head * params.do_head_stride;
+        ptrs.lse = params.softmax_lse_ptr + seq.lse_row0;
+        ptrs.dsum = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
+    }
+#endif
     const int warp_key0 = warp * 16 * kKeyTiles;  // in the tile
 
     // One key block per CTA, or (deterministic) key blocks blockIdx.x, + gridDim.x, ... in order.
@@ -363,10 +434,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int m_block_max =
             q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_block_min;
 
+#if !FLASH_CUDA_BWD_V1
+        // The K / V pointers are re-derived per key block (opaque indices: not hoisted), so
+        // they are not kept (spilled) through the query loop, which wants every register.
+        const Element* k_seq;
+        const Element* v_seq;
+        {
+            const int batch_o = ptx::opaque(batch), head_o = ptx::opaque(head);
+            const BwdSequence seq_o = BwdSequence::make(params, batch_o, head_o);
+            const int kv_head = head_o / params.h_h_k_ratio;
+            k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq_o.k_offset +
+                    kv_head * params.k_head_stride;
+            v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq_o.v_offset +
+                    kv_head * params.v_head_stride;
+        }
+#endif
         Traits::KVCopy::load_async(smem_k, k_seq + static_cast<int64_t>(n0) * params.k_row_stride,
-                                   params.k_row_stride, valid_keys, params.d, tid);
+                                   params.k_row_stride, valid_keys, params.d, bwd_fresh(tid));
         Traits::KVCopy::load_async(smem_v, v_seq + static_cast<int64_t>(n0) * params.v_row_stride,
-                                   params.v_row_stride, valid_keys, params.d, tid);
+                                   params.v_row_stride, valid_keys, params.d, bwd_fresh(tid));
         ptx::cp_async_commit();
 
         float acc_dk[kKeyTiles][kDTiles][4];
@@ -391,6 +477,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int m0 = m_block * kBlockM;
             const int valid_q = min(kBlockM, seqlen_q - m0);
             const uint32_t stage_base = smem_base + stage * Traits::kSmemQStageBytes;
+#if !FLASH_CUDA_BWD_V1
+            // The per-head pointers from shared memory (written once by thread 0): not kept in
+            // registers through the query loop (at d128 ptxas spilled them there).
+            const BwdCtaPointers& ptrs = *reinterpret_cast<const BwdCtaPointers*>(
+                smem + Traits::kSmemPointersOffset);
+            const Element* q_head = reinterpret_cast<const Element*>(ptrs.q);
+            const Element* do_head = reinterpret_cast<const Element*>(ptrs.d_o);
+            const float* lse_head = ptrs.lse;
+            const float* dsum_head = ptrs.dsum;
+            const int tid = bwd_fresh(threadIdx.x);
+#endif
             Traits::QCopy::load_async(stage_base + Traits::kSmemQOffset,
                                       q_head + static_cast<int64_t>(m0) * params.q_row_stride,
                                       params.q_row_stride, valid_q, params.d, tid);
@@ -440,6 +537,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     m0, lane);
             }
 
+#if FLASH_CUDA_BWD_V1
             float acc_s[kKeyTiles][kQTiles8][4];
             float acc_dp[kKeyTiles][kQTiles8][4];
 #pragma unroll
@@ -472,19 +570,42 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     const int qi = qcol0 + 8 * nt + c;
                     const float lse_log2 = smem_lse[qi] * static_cast<float>(M_LOG2E);
                     const float dsum = smem_dsum[qi];
+#if !FLASH_CUDA_BWD_V1
+                    // Keys this query sees, relative to key0: [key_lo, key_hi) (all of them when
+                    // the block needs no mask). Masked elements get exponent -inf (p = +0), so
+                    // the exponential is unconditional: no branch per element (the earlier
+                    // `visible ? exp2(..) : 0` compiled to one branch + convergence barrier per
+                    // element, and ptxas could not interleave the MUFU ops).
+                    const int query = m0 + qi;
+                    const int key_lo =
+                        block_needs_mask ? query + range.begin_shift - key0 : INT_MIN;
+                    const int key_hi =
+                        block_needs_mask ? min(range.seqlen_k, query + range.end_shift) - key0
+                                         : INT_MAX;
+#endif
 #pragma unroll
                     for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
                         for (int half = 0; half < 2; ++half) {
-                            const int key = key0 + 16 * mt + 8 * half;
+                            [[maybe_unused]] const int key = key0 + 16 * mt + 8 * half;
                             const int e = 2 * half + c;
+#if FLASH_CUDA_BWD_V1
                             const bool visible =
                                 !block_needs_mask || key_visible(range, key, m0 + qi);
+#else
+                            const bool visible =
+                                16 * mt + 8 * half >= key_lo && 16 * mt + 8 * half < key_hi;
+#endif
                             float p, dscore = 1.f;  // dscore: d(final score) / d(scale s)
                             if constexpr (!HasSoftcap && !HasAlibi) {
+#if FLASH_CUDA_BWD_V1
                                 p = visible ? ptx::exp2_approx(
                                                   fmaf(acc_s[mt][nt][e], score_log2, -lse_log2))
                                             : 0.f;
+#else
+                                const float x = fmaf(acc_s[mt][nt][e], score_log2, -lse_log2);
+                                p = ptx::exp2_approx(visible ? x : -INFINITY);
+#endif
                             } else {
                                 float x = acc_s[mt][nt][e];
                                 if constexpr (HasSoftcap) {
@@ -497,7 +618,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                     const int distance = abs(m0 + qi + mask.diag - key);
                                     x = fmaf(-alibi_slope_log2, static_cast<float>(distance), x);
                                 }
+#if FLASH_CUDA_BWD_V1
                                 p = visible ? ptx::exp2_approx(x - lse_log2) : 0.f;
+#else
+                                p = ptx::exp2_approx(visible ? x - lse_log2 : -INFINITY);
+#endif
                             }
                             float dp = acc_dp[mt][nt][e];
                             float p_dv = p;  // P in dV += P^T dO (dropped and scaled)
@@ -519,12 +644,161 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
             convert_p_to_a_fragments<Element, GradGemm>(frag, acc_dp);
             warp_gemm_pv<Element, GradGemm>(acc_dk, frag, smem_q, lane);
+#else
+            // S^T = K Q^T; the P^T step turns it into P^T (16-bit A fragments for dV += P^T dO,
+            // dropped and scaled with dropout) and keeps p dscore in fp32 for dZ^T. dP^T = V dO^T
+            // comes after the dV GEMM, in kDpParts query slices, each turned into dZ^T fragments
+            // at once: S^T and dP^T are never live together (kBlockM kKeyTiles / 2 fewer
+            // registers at the peak than computing both first).
+            float acc_s[kKeyTiles][kQTiles8][4];
+#pragma unroll
+            for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+                for (int nt = 0; nt < kQTiles8; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+                }
+            }
+            warp_gemm_qk<Element, ScoreGemm>(acc_s, smem_k, smem_q, warp_key0, lane);
+
+            // Only blocks that touch a mask edge or the end of the keys test each element
+            // (zero-filled key rows past seqlen_k must get p = 0: with a very negative lse their
+            // p would overflow). Query rows past seqlen_q need no mask (see load_query_block).
+            const bool block_needs_mask =
+                !(n0 >= m0 + kBlockM - 1 + range.begin_shift &&
+                  n0 + kBlockN <= min(range.seqlen_k, m0 + range.end_shift));
+            const int key0 = n0 + warp_key0 + bwd_fresh(lane) / 4;  // key of element (0, 0, 0)
+            const int qcol0 = 2 * (bwd_fresh(lane) % 4);  // query (in the block) of (0, 0, 0)
+            // frag[mt][nt / 2][2 (nt % 2) + half] packs elements (mt, nt, 2 half + c), c = 0, 1:
+            // the A-fragment layout of convert_p_to_a_fragments. P^T first, dZ^T later.
+            uint32_t frag[kKeyTiles][kBlockM / 16][4];
+            // Two copies of the loop, picked per block (uniform branch): blocks inside every
+            // row's key range skip the per-element visibility test (the masked copy is exact
+            // for any block).
+            auto p_step = [&](auto masked) {
+#pragma unroll
+                for (int nt = 0; nt < kQTiles8; ++nt) {
+                    float lse_log2[2];
+                    int key_lo[2], key_hi[2];
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int qi = qcol0 + 8 * nt + c;
+                        lse_log2[c] = smem_lse[qi] * static_cast<float>(M_LOG2E);
+                        // Keys this query sees, relative to key0: [key_lo, key_hi). Masked
+                        // elements get exponent -inf (p = +0): the exponential is
+                        // unconditional, no branch per element.
+                        const int query = m0 + qi;
+                        key_lo[c] = query + range.begin_shift - key0;
+                        key_hi[c] = min(range.seqlen_k, query + range.end_shift) - key0;
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            float p_dv[2];  // P in dV += P^T dO (dropped and scaled)
+#pragma unroll
+                            for (int c = 0; c < 2; ++c) {
+                                const int e = 2 * half + c;
+                                const int kofs = 16 * mt + 8 * half;  // key - key0
+                                const bool visible = !decltype(masked)::value ||
+                                                     (kofs >= key_lo[c] && kofs < key_hi[c]);
+                                float x = acc_s[mt][nt][e];
+                                float dscore = 1.f;  // d(final score) / d(scale s)
+                                if constexpr (!HasSoftcap && !HasAlibi) {
+                                    x = fmaf(x, score_log2, -lse_log2[c]);
+                                } else {
+                                    if constexpr (HasSoftcap) {
+                                        const float t = ptx::tanh_approx(x * softcap_pre_scale);
+                                        dscore = fmaf(-t, t, 1.f);
+                                        x = t;
+                                    }
+                                    x *= score_log2;
+                                    if constexpr (HasAlibi) {
+                                        const int qi = qcol0 + 8 * nt + c;
+                                        const int distance = abs(m0 + qi + mask.diag - key0 - kofs);
+                                        x = fmaf(-alibi_slope_log2,
+                                                 static_cast<float>(distance), x);
+                                    }
+                                    x -= lse_log2[c];
+                                }
+                                const float p = ptx::exp2_approx(visible ? x : -INFINITY);
+                                p_dv[c] = p;
+                                if constexpr (IsDropout) {
+                                    const bool kept = (keep[mt][nt / 8] >> (4 * (nt % 8) + e)) & 1u;
+                                    p_dv[c] = kept ? p * params.rp_keep : 0.f;
+                                }
+                                acc_s[mt][nt][e] = HasSoftcap ? p * dscore : p;
+                            }
+                            frag[mt][nt / 2][2 * (nt % 2) + half] =
+                                ptx::pack_float2<Element>(p_dv[0], p_dv[1]);
+                        }
+                    }
+                }
+            };
+            if constexpr (IsDropout) {
+                p_step(std::true_type{});  // one copy (two spilled 68-88 B at d128)
+            } else if (block_needs_mask) {
+                p_step(std::true_type{});
+            } else {
+                p_step(std::false_type{});
+            }
+            warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
+
+            // dP^T = V dO^T, query slice by slice; dZ^T = p dscore (dP^T - D) (dP^T dropped and
+            // scaled with dropout) straight into the fragments.
+            static_for_each<Traits::kDpParts>([&](auto part) {
+                constexpr int kPartTiles = kQTiles8 / Traits::kDpParts;
+                float acc_dp[kKeyTiles][kPartTiles][4];
+#pragma unroll
+                for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < kPartTiles; ++nt) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc_dp[mt][nt][e] = 0.f;
+                    }
+                }
+                // The slice's dO rows: a whole-8-row offset keeps the swizzle (tile_io.cuh).
+                warp_gemm_qk<Element, typename Traits::PartScoreGemm>(
+                    acc_dp, smem_v,
+                    smem_do + Traits::QTile::byte_offset(part * 8 * kPartTiles, 0), warp_key0,
+                    lane);
+#pragma unroll
+                for (int ntp = 0; ntp < kPartTiles; ++ntp) {
+                    const int nt = part * kPartTiles + ntp;
+                    float dsum[2];
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) dsum[c] = smem_dsum[qcol0 + 8 * nt + c];
+#pragma unroll
+                    for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            float dz[2];
+#pragma unroll
+                            for (int c = 0; c < 2; ++c) {
+                                const int e = 2 * half + c;
+                                float dp = acc_dp[mt][ntp][e];
+                                if constexpr (IsDropout) {
+                                    const bool kept =
+                                        (keep[mt][nt / 8] >> (4 * (nt % 8) + e)) & 1u;
+                                    dp = kept ? dp * params.rp_keep : 0.f;
+                                }
+                                dz[c] = acc_s[mt][nt][e] * (dp - dsum[c]);
+                            }
+                            frag[mt][nt / 2][2 * (nt % 2) + half] =
+                                ptx::pack_float2<Element>(dz[0], dz[1]);
+                        }
+                    }
+                }
+            });
+            warp_gemm_pv<Element, GradGemm>(acc_dk, frag, smem_q, lane);
+#endif
 
             // dZ^T -> shared memory: thread's element (mt, nt, 2 half + c) at key row
             // warp_key0 + 16 mt + 8 half + lane / 4, query column 8 nt + 2 (lane % 4) + c.
             {
                 const uint32_t ds_thread =
-                    smem_ds + Traits::DSTile::byte_offset(warp_key0 + lane / 4, 2 * (lane % 4));
+                    smem_ds + Traits::DSTile::byte_offset(warp_key0 + bwd_fresh(lane) / 4,
+                                                          2 * (bwd_fresh(lane) % 4));
                 static_for_each<kKeyTiles>([&](auto mt) {
                     static_for_each<2>([&](auto half) {
                         static_for_each<kQTiles8>([&](auto nt) {
@@ -540,8 +814,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
             // dQ += dZ K: warp (wm, wd) owns query rows 16 wm .. +15, columns wd kDqCols .. .
             {
-                const int wm = warp % Traits::kDqWarpsM;
-                const int wd = warp / Traits::kDqWarpsM;
+                const int lane_q = bwd_fresh(lane);
+                const int wm = bwd_fresh(warp) % Traits::kDqWarpsM;
+                const int wd = bwd_fresh(warp) / Traits::kDqWarpsM;
                 float acc_dq[Traits::kDqDTiles][4];
 #pragma unroll
                 for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
@@ -549,18 +824,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
                 }
                 warp_gemm_dq<Element, Traits>(acc_dq, smem_ds, smem_k, wm, wd * Traits::kDqCols,
-                                              lane);
+                                              lane_q);
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
-                    const int row = 16 * wm + 8 * half + lane / 4;
+                    const int row = 16 * wm + 8 * half + lane_q / 4;
                     if (row < valid_q) {
                         float* dq_row = dq_head +
                                         static_cast<int64_t>(m0 + row) * Traits::kHeadDim +
-                                        wd * Traits::kDqCols + 2 * (lane % 4);
+                                        wd * Traits::kDqCols + 2 * (lane_q % 4);
 #pragma unroll
                         for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
+#if FLASH_CUDA_BWD_V1
                             atomicAdd(dq_row + 8 * dt, acc_dq[dt][2 * half]);
                             atomicAdd(dq_row + 8 * dt + 1, acc_dq[dt][2 * half + 1]);
+#else
+                            // One 8-byte vector reduction (sm_90; two atomics before).
+                            ptx::red_add_f32x2(dq_row + 8 * dt, acc_dq[dt][2 * half],
+                                               acc_dq[dt][2 * half + 1]);
+#endif
                         }
                     }
                 }
@@ -572,7 +853,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // dK, dV (fp32, unscaled) -> per-query-head workspace rows of the block's valid keys.
         const int key_row = warp_key0 + lane / 4;  // in the block
         const int64_t ws_offset =
+#if FLASH_CUDA_BWD_V1
             (seq.kv_row0 + n0 + key_row) * Traits::kHeadDim + 2 * (lane % 4);
+#else  // re-derived after the query loop (not kept through it)
+            (BwdSequence::make(params, ptx::opaque(batch), head).kv_row0 + n0 + key_row) *
+                Traits::kHeadDim +
+            2 * (lane % 4);
+#endif
         float* dk_ws = reinterpret_cast<float*>(params.dk_accum_ptr) + ws_offset;
         float* dv_ws = reinterpret_cast<float*>(params.dv_accum_ptr) + ws_offset;
 #pragma unroll

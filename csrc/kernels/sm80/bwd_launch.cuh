@@ -74,7 +74,8 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
                 throw std::runtime_error("flash_cuda: the backward kernel's dropout covers fixed "
                                          "length without softcap / ALiBi, non-deterministic");
             }
-            sm80::launch_bwd_kernel<Element, Traits, Causal, false, false, true>(params, stream);
+            sm80::launch_bwd_kernel<Element, sm80::bwd_dropout_traits_t<HeadDim>, Causal, false,
+                                    false, true>(params, stream);
         } else if (has_softcap && has_alibi) {
             sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, true, false>(params, stream);
         } else if (has_softcap) {

@@ -2,6 +2,7 @@
 // header because tests/emulation comes first on the include path.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace flash_cuda {
@@ -139,6 +140,15 @@ inline void mma_16816(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint
     for (int i = 0; i < 4; ++i) acc[i] = out[i];
 }
 
+// red.global.add.v2.f32 / two atomicAdd: two fp32 atomic adds (block threads run concurrently).
+// The vector form needs an 8-byte aligned address.
+inline void red_add_f32x2(float* addr, float a, float b) {
+    if (reinterpret_cast<uintptr_t>(addr) % 8 != 0) {
+        emu::fail("misaligned red.global.add.v2.f32 address", reinterpret_cast<long long>(addr));
+    }
+    std::atomic_ref<float>(addr[0]).fetch_add(a);
+    std::atomic_ref<float>(addr[1]).fetch_add(b);
+}
 inline float exp2_approx(float x) { return std::exp2(x); }
 inline float tanh_approx(float x) { return std::tanh(x); }
 
