@@ -16,8 +16,13 @@ namespace decode {
 // The combine kernel (combine.cu) holds at most this many split weights per row.
 constexpr int kMaxSplits = 128;
 // Each split gets at least this many key blocks (fewer: the per-CTA prologue, the fp32 partial
-// write and the combine cost more than the split saves).
+// write and the combine cost more than the split saves): 2 on short caches, whose decode step is
+// latency bound (more, shorter chains help), 8 from kLongCacheBlocks key blocks on. The H200
+// sweep of run 16 (bench/NOTES.md): with 128 key blocks (8k keys at d128) 8 blocks per split
+// beat 4 by 10% (b1 GQA) and 28% (b8 MQA); with 16 key blocks (1k keys) 1-2 per split was best.
 constexpr int kMinBlocksPerSplit = 2;
+constexpr int kMinBlocksPerSplitLong = 8;
+constexpr int kLongCacheBlocks = 64;
 
 // Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64, paged,
 // or GQA packed in the kernel).
@@ -102,7 +107,7 @@ inline int64_t num_tiles(const FwdParams& p) {
 // [1, min(kMaxSplits, key blocks)]. Always 1 without the decode tile (the 128-row tile has no
 // split-KV code). requested == 0: the smallest count whose CTAs fill the
 // GPU's CTA slots (num_sms x ctas_per_sm) in waves at least 85% as evenly as the best count,
-// with at least kMinBlocksPerSplit key blocks per split.
+// with at least kMinBlocksPerSplit (kMinBlocksPerSplitLong on long caches) key blocks per split.
 inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile, int head_dim,
                       int num_sms) {
     if (!decode_tile) return 1;  // split-KV is compiled into the decode tile only
@@ -110,7 +115,9 @@ inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_ti
     const int n_blocks = std::max(1, (seqlen_k + bn - 1) / bn);
     if (requested > 0) return std::max(1, std::min({requested, kMaxSplits, n_blocks}));
     if (tiles <= 0 || num_sms <= 0) return 1;
-    const int max_splits = std::min(kMaxSplits, std::max(1, n_blocks / kMinBlocksPerSplit));
+    const int min_blocks =
+        n_blocks >= kLongCacheBlocks ? kMinBlocksPerSplitLong : kMinBlocksPerSplit;
+    const int max_splits = std::min(kMaxSplits, std::max(1, n_blocks / min_blocks));
     const double slots = static_cast<double>(num_sms) * ctas_per_sm(head_dim);
     if (tiles >= slots || max_splits == 1) {
         // Full waves already; split only to even out a short last wave (see below).

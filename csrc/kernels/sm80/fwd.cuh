@@ -207,35 +207,58 @@ __device__ __forceinline__ void store_empty_packed(const FwdParams& params, int 
     }
 }
 
+// Where a paged cache keeps this thread's rows of one key block (its KVCopy row steps): the
+// block-table lookups of a tile, done once per key block (its K and V tiles share them) and
+// one copy ahead of their use, so a cp.async issue never waits on a dependent global load.
+template <typename Traits>
+struct PagedKVRows {
+    using KVCopy = typename Traits::KVCopy;
+    static constexpr int kSteps = KVCopy::kRowSteps;
+    int page[kSteps];         // block_table entry of the row's page (0 past the valid rows)
+    int row_in_page[kSteps];  // the row's position inside its page
+
+    // Key block n_block (keys [n_block kBlockN, ...) of the sequence, valid_rows of them real)
+    // of the sequence whose key 0 sits at cache position pos0.
+    __device__ __forceinline__ void lookup(const FwdParams& params, int pos0, int n_block,
+                                           int valid_rows, int tid) {
+        // This sequence's block-table row (batch = blockIdx.y).
+        const int* block_table =
+            params.block_table + static_cast<int64_t>(blockIdx.y) * params.block_table_batch_stride;
+        const int row0 = KVCopy::thread_row(tid);
+        const int page_size = params.page_block_size;
+#pragma unroll
+        for (int r = 0; r < kSteps; ++r) {
+            const int tile_row = row0 + r * KVCopy::kRowsPerStep;
+            const int pos = pos0 + n_block * Traits::kBlockN + tile_row;
+            const int p = pos / page_size;
+            row_in_page[r] = pos - p * page_size;
+            page[r] = tile_row < valid_rows ? block_table[p] : 0;
+        }
+    }
+};
+
 // K / V tile of key block n_block (keys [n_block kBlockN, ...) of the sequence, valid_rows of
-// them real) into shared memory, contiguous rows or through the block table of a paged cache.
+// them real) into shared memory: contiguous rows, or (paged != nullptr) the rows a PagedKVRows
+// lookup of this block found.
 template <typename Element, typename Traits>
 __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t smem_tile,
-                                             const Element* seq, int pos0, int64_t page_stride,
+                                             const Element* seq, int64_t page_stride,
                                              int64_t row_stride, int n_block, int valid_rows,
-                                             int tid) {
+                                             const PagedKVRows<Traits>* paged, int tid) {
     using KVCopy = typename Traits::KVCopy;
-    // A kernel parameter (uniform, constant bank) decides, not a per-CTA value.
     // Paged caches only in the decode tile's kernels (Traits::kPagedKV; the host sends every
     // paged call there): next to the 128-row tile's main loop at d = 128 the gather path costs
     // a few spilled registers.
-    if (!Traits::kPagedKV || params.block_table == nullptr) {
+    if (!Traits::kPagedKV || paged == nullptr) {
         KVCopy::load_async(smem_tile,
                            seq + static_cast<int64_t>(n_block) * Traits::kBlockN * row_stride,
                            row_stride, valid_rows, params.d, tid);
     } else {
-        // This sequence's block-table row (batch = blockIdx.y).
-        const int* block_table =
-            params.block_table + static_cast<int64_t>(blockIdx.y) * params.block_table_batch_stride;
-        const int first = pos0 + n_block * Traits::kBlockN;
-        const int page_size = params.page_block_size;
-        KVCopy::load_async_gather(
+        KVCopy::load_async_gather_steps(
             smem_tile,
-            [&](int r) {
-                const int pos = first + r;
-                const int page = pos / page_size;
-                return seq + static_cast<int64_t>(block_table[page]) * page_stride +
-                       static_cast<int64_t>(pos - page * page_size) * row_stride;
+            [&](auto r) {
+                return seq + static_cast<int64_t>(paged->page[r]) * page_stride +
+                       static_cast<int64_t>(paged->row_in_page[r]) * row_stride;
             },
             seq, valid_rows, params.d, tid);
     }
@@ -555,37 +578,58 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int n_iters = n_block_max - n_block_min;
     // K / V tiles of iteration `it` (key block n_block_max - 1 - it) into buffer it % kStages.
     // src: the K/V source (`kv` in the prologue, its shared copy `cta.kv` in the loop).
+    // Paged cache: `paged_rows` holds the rows of the block whose K was issued last; the V copy
+    // of that block reuses them, and the next block's lookup follows it (one copy step ahead
+    // of the K copy that needs it).
+    const bool paged = Traits::kPagedKV && params.block_table != nullptr;
+    PagedKVRows<Traits> paged_rows;
+    auto block_of = [&](int it) { return n_block_max - 1 - it; };
+    auto lookup_pages = [&](int it, const KVSource& src) {
+        if (paged) {
+            paged_rows.lookup(params, src.pos0, block_of(it), seqlen_k - block_of(it) * kBlockN,
+                              tid);
+        }
+    };
     auto load_k = [&](int it, const KVSource& src) {
-        const int n_block = n_block_max - 1 - it;
         load_kv_tile<Element, Traits>(params, smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
-                                      static_cast<const Element*>(src.k_seq), src.pos0,
-                                      params.k_batch_stride, params.k_row_stride, n_block,
-                                      seqlen_k - n_block * kBlockN, tid);
+                                      static_cast<const Element*>(src.k_seq),
+                                      params.k_batch_stride, params.k_row_stride, block_of(it),
+                                      seqlen_k - block_of(it) * kBlockN,
+                                      paged ? &paged_rows : nullptr, tid);
     };
     auto load_v = [&](int it, const KVSource& src) {
-        const int n_block = n_block_max - 1 - it;
         load_kv_tile<Element, Traits>(params, smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
-                                      static_cast<const Element*>(src.v_seq), src.pos0,
-                                      params.v_batch_stride, params.v_row_stride, n_block,
-                                      seqlen_k - n_block * kBlockN, tid);
+                                      static_cast<const Element*>(src.v_seq),
+                                      params.v_batch_stride, params.v_row_stride, block_of(it),
+                                      seqlen_k - block_of(it) * kBlockN,
+                                      paged ? &paged_rows : nullptr, tid);
     };
 
     // ---- Prologue: Q (issued above) with K of the first block, then (kStages buffers)
     // V0 K1 .. V(kStages-2) K(kStages-1), one group each (empty past the last block).
+    lookup_pages(0, kv);
     load_k(0, kv);
     ptx::cp_async_commit();
     if constexpr (kStages >= 2) {
         load_v(0, kv);
         ptx::cp_async_commit();
-        if (n_iters > 1) load_k(1, kv);
+        if (n_iters > 1) {
+            lookup_pages(1, kv);
+            load_k(1, kv);
+        }
         ptx::cp_async_commit();
     }
     if constexpr (kStages == 3) {
         if (n_iters > 1) load_v(1, kv);
         ptx::cp_async_commit();
-        if (n_iters > 2) load_k(2, kv);
+        if (n_iters > 2) {
+            lookup_pages(2, kv);
+            load_k(2, kv);
+        }
         ptx::cp_async_commit();
     }
+    // Here paged_rows holds block kStages - 1's rows (or an earlier block's when n_iters is
+    // smaller: their V copies are then never issued).
 
     float acc_o[kMTiles][kDTiles][4];
 #pragma unroll
@@ -611,6 +655,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             __syncthreads();
             if (it + kStages - 1 < n_iters) load_v(it + kStages - 1, cta.kv);
             ptx::cp_async_commit();
+            if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
             ptx::cp_async_wait<kGroupsInFlight>();
             __syncthreads();
             if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
@@ -629,6 +674,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             load_v(it + kStages - 1, cta.kv);
         }
         ptx::cp_async_commit();
+        // Paged: the next K block's rows, looked up while this block's scores are computed.
+        if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
 
         float acc_s[kMTiles][kNTiles][4];
 #pragma unroll

@@ -150,12 +150,27 @@ struct TileCopy {
                                                              const Element* any_valid,
                                                              int valid_rows, int valid_cols,
                                                              int tid) {
+        const int row = thread_row(tid);
+        load_async_gather_steps(
+            smem_tile, [&](auto step) { return row_ptr(row + step * kRowsPerStep); }, any_valid,
+            valid_rows, valid_cols, tid);
+    }
+
+    // The same, with row_ptr(step) taking this thread's row step (a std::integral_constant in
+    // [0, kRowSteps): tile row thread_row(tid) + step * kRowsPerStep), for per-step values a
+    // caller keeps in registers.
+    template <typename Element, typename StepRowPtr>
+    __device__ __forceinline__ static void load_async_gather_steps(uint32_t smem_tile,
+                                                                   StepRowPtr&& row_ptr,
+                                                                   const Element* any_valid,
+                                                                   int valid_rows,
+                                                                   int valid_cols, int tid) {
         const int row = thread_row(tid), col = thread_col(tid);
         const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
         static_for_each<kRowSteps>([&](auto r) {
             const int tile_row = row + r * kRowsPerStep;
             const bool row_ok = tile_row < valid_rows;
-            const Element* gmem_row = row_ok ? row_ptr(tile_row) + col : any_valid;
+            const Element* gmem_row = row_ok ? row_ptr(r) + col : any_valid;
             static_for_each<kAtoms>([&](auto a) {
                 const bool in_bounds = row_ok && col + a * Tile::kAtomCols < valid_cols;
                 const Element* src = in_bounds ? gmem_row + a * Tile::kAtomCols : any_valid;
