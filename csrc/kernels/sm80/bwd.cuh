@@ -502,7 +502,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // One pass over the query blocks, or two (kTwoPass, d >= 192): pass 0 computes only
         // dV += P^T dO (no dP^T, dZ^T, dQ), pass 1 recomputes S^T -> P^T and computes dP^T,
         // dK += dZ^T Q and dQ += dZ K. Only one HeadDim-wide accumulator is live at a time.
-        static_for_each<kPasses>([&](auto pass_c) {
+        // (always_inline: without it the single-pass kernels' code changed -- d128 64 x 128 SASS
+        // differed, same registers -- with it their SASS is identical to the loop without the
+        // lambda.)
+        static_for_each<kPasses>([&](auto pass_c) __attribute__((always_inline)) {
         constexpr int pass = decltype(pass_c)::value;
         constexpr bool kDoDv = !kTwoPass || pass == 0;  // this pass accumulates dV
         constexpr bool kDoDk = !kTwoPass || pass == 1;  // this pass accumulates dK and dQ
@@ -554,7 +557,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 smem + stage * Traits::kSmemQStageBytes + Traits::kSmemLseOffset);
             const float* smem_dsum = reinterpret_cast<const float*>(
                 smem + stage * Traits::kSmemQStageBytes + Traits::kSmemDOffset);
-            uint32_t keep[kKeyTiles][(kQTiles8 + 7) / 8];  // dropout: kept P^T elements
+            [[maybe_unused]] uint32_t keep[kKeyTiles][(kQTiles8 + 7) / 8];  // dropout: kept P^T
             if constexpr (IsDropout) {
                 dropout_keep_bits_transposed<kKeyTiles, kQTiles8>(
                     keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + warp_key0,
@@ -768,12 +771,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             if constexpr (kDoDv) warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
             if constexpr (kDoDk) {
-
             // dP^T = V dO^T, query slice by slice; dZ^T = p dscore (dP^T - D) (dP^T dropped and
             // scaled with dropout) straight into the fragments.
             static_for_each<Traits::kDpParts>([&](auto part) {
-                constexpr int kPartTiles = kQTiles8 / Traits::kDpParts;
-                float acc_dp[kKeyTiles][kPartTiles][4];
+                // (Traits:: members: g++, used by the CPU emulator, does not take the
+                // enclosing function's constants as array bounds two lambdas deep.)
+                constexpr int kPartTiles = Traits::kBlockM / 8 / Traits::kDpParts;
+                float acc_dp[Traits::kKeyTiles][kPartTiles][4];
 #pragma unroll
                 for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
