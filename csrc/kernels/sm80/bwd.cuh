@@ -58,6 +58,14 @@
 #include "kernels/sm80/traits.h"
 #include "kernels/sm80/warp_gemm.cuh"
 
+// Head dims from which the main kernel makes two passes per key block (BwdTraits::kTwoPass:
+// dV first, then dK and dQ); default 224 (d224, d256). 192 adds d192 (spill-free then too, but
+// +60% loop instructions against 5-12 spilled words per iteration: predicted slower), a value
+// above 256 turns the two passes off. For A/B timing.
+#ifndef FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM
+#define FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM 224
+#endif
+
 // FLASH_CUDA_BWD_V1=1 restores the previous main-loop code (per-element branch around the
 // exponential in the P^T step, scalar dQ atomics) for A/B timing; default 0.
 #ifndef FLASH_CUDA_BWD_V1
@@ -81,12 +89,13 @@ struct BwdTraits {
     static constexpr int kNWarps = NWarps;
     static constexpr int kNThreads = NWarps * 32;
     static constexpr int kQStages = QStages;
-    // Two passes over the query blocks per key block (d >= 192): pass 0 accumulates dV only,
-    // pass 1 recomputes S^T -> P^T and accumulates dK (and dQ). One HeadDim-wide accumulator
-    // per thread instead of two (d256: 128 fp32 registers instead of 256), for one extra S^T
-    // GEMM and a second read of Q, dO, lse per query block. d160 (spill-free with one pass,
-    // except dropout 28 B) keeps one pass.
-    static constexpr bool kTwoPass = HeadDim >= 192;
+    // Two passes over the query blocks per key block (HeadDim >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM,
+    // default 224): pass 0 accumulates dV only, pass 1 recomputes S^T -> P^T and accumulates dK
+    // (and dQ). One HeadDim-wide accumulator per thread instead of two (d256: 128 fp32
+    // registers instead of 256; one pass spilled 0.5-1.2 KB per thread there), for one extra
+    // S^T GEMM (6 GEMMs per query block instead of 5) and a second read of Q, dO, lse.
+    // d160 (spill-free with one pass) and d192 (5-12 spilled words per iteration) keep one.
+    static constexpr bool kTwoPass = HeadDim >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM;
     static constexpr int kKeyTiles = BlockN / (16 * NWarps);
     static constexpr int kDTiles = HeadDim / 8;
     static constexpr int kDqWarpsM = BlockM / 16;
@@ -499,7 +508,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             ptx::cp_async_commit();
         };
 
-        // One pass over the query blocks, or two (kTwoPass, d >= 192): pass 0 computes only
+        // One pass over the query blocks, or two (kTwoPass, d >= 224): pass 0 computes only
         // dV += P^T dO (no dP^T, dZ^T, dQ), pass 1 recomputes S^T -> P^T and computes dP^T,
         // dK += dZ^T Q and dQ += dZ K. Only one HeadDim-wide accumulator is live at a time.
         // (always_inline: without it the single-pass kernels' code changed -- d128 64 x 128 SASS
@@ -544,10 +553,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // (its buffer, refilled next, and the dZ^T tile).
             __syncthreads();
             if constexpr (Traits::kQStages == 2) {
-                if (m_block + 1 < m_block_max) {
-                    load_query_block(m_block + 1, stage ^ 1);
-                } else if (kTwoPass && pass == 0) {
-                    load_query_block(m_block_min, stage ^ 1);  // pass 1's first block
+                // The pass's next block or, after pass 0's last block, pass 1's first (one call
+                // site: the copy code is inlined once).
+                const bool next_in_pass = m_block + 1 < m_block_max;
+                if (next_in_pass || (kTwoPass && pass == 0)) {
+                    load_query_block(next_in_pass ? m_block + 1 : m_block_min, stage ^ 1);
                 }
             }
             const uint32_t smem_q =
