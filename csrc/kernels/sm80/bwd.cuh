@@ -18,6 +18,9 @@
 //        dK  += dZ^T Q
 //        dZ^T -> shared (Element); dQ += dZ K  (warps split query rows x head-dim columns;
 //                                              fp32 red.global.add.v2 into dq_accum)
+//      Two passes per key block at d >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM (224; BwdTraits::
+//      kTwoPass): pass 0 runs S^T -> P^T -> dV only, pass 1 recomputes S^T -> P^T and runs the
+//      rest without the dV GEMM, so one d-wide accumulator is live at a time (no spills).
 //      (-DFLASH_CUDA_BWD_V1=1: the previous loop -- S^T and dP^T first, a branch around each
 //      exponential, scalar atomics -- for A/B timing.)
 //      At the end dK, dV (fp32, unscaled) go to the per-query-head workspaces dk_accum /
@@ -60,7 +63,7 @@
 
 // Head dims from which the main kernel makes two passes per key block (BwdTraits::kTwoPass:
 // dV first, then dK and dQ); default 224 (d224, d256). 192 adds d192 (spill-free then too, but
-// +60% loop instructions against 5-12 spilled words per iteration: predicted slower), a value
+// +43% loop instructions against 5-12 spilled words per iteration: predicted slower), a value
 // above 256 turns the two passes off. For A/B timing.
 #ifndef FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM
 #define FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM 224
@@ -364,7 +367,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     using GradGemm = typename Traits::GradGemm;
     // Two passes per key block (Traits::kTwoPass): dV first, then dK and dQ.
     constexpr bool kTwoPass = Traits::kTwoPass && !FLASH_CUDA_BWD_V1;
-    constexpr int kPasses = kTwoPass ? 2 : 1;
+    [[maybe_unused]] constexpr int kPasses = kTwoPass ? 2 : 1;
 
     unsigned char* smem = ptx::dynamic_smem();
     const uint32_t smem_base = ptx::smem_addr(smem);
@@ -514,8 +517,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // (always_inline: without it the single-pass kernels' code changed -- d128 64 x 128 SASS
         // differed, same registers -- with it their SASS is identical to the loop without the
         // lambda.)
+#if FLASH_CUDA_BWD_V1
+        {  // one pass, plain block (the V1 loop's code as before)
+        constexpr int pass = 0;
+#else
         static_for_each<kPasses>([&](auto pass_c) __attribute__((always_inline)) {
         constexpr int pass = decltype(pass_c)::value;
+#endif
         constexpr bool kDoDv = !kTwoPass || pass == 0;  // this pass accumulates dV
         constexpr bool kDoDk = !kTwoPass || pass == 1;  // this pass accumulates dK and dQ
         float acc_dk[kKeyTiles][kDTiles][4];
@@ -925,7 +933,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
             }
         }
+#if FLASH_CUDA_BWD_V1
+        }
+#else
         });  // passes
+#endif
     }
 }
 
