@@ -159,6 +159,19 @@ FEATURE_CASES = [
     ((F16, 96, 200, 333, False, (40, 7), 2, 2), {"b": 2, "deterministic": True, "splits": 2}),
     ((BF16, 256, 130, 70, True, (-1, -1), 2, 1), {"softcap": 1.5}),
     ((F16, 160, 113, 203, True, (-1, -1), 4, 2), {"b": 2, "alibi": "h", "transpose": True}),
+    # the two-pass key blocks of d >= 192 (dV pass, then dK + dQ pass): odd and even numbers
+    # of query blocks per key block (the second pass continues the first's Q / dO buffer
+    # alternation), softcap, ALiBi, both, deterministic slices, varlen, window, GQA
+    ((F16, 192, 130, 200, True, (-1, -1), 2, 1), {"softcap": 2.0, "deterministic": True,
+                                                  "splits": 2}),
+    ((BF16, 224, 150, 150, False, (40, 7), 4, 2), {"alibi": "h"}),
+    ((BF16, 256, 0, 0, True, (-1, -1), 2, 1),
+     {"varlen_lens": [(70, 130), (1, 1), (33, 20)], "deterministic": True, "splits": 2}),
+    ((BF16, 192, 0, 0, False, (-1, -1), 2, 2),
+     {"varlen_lens": [(90, 70), (5, 140)], "softcap": 1.5, "alibi": True}),
+    ((F16, 224, 70, 150, True, (-1, -1), 2, 1), {"softcap": 3.0, "alibi": True,
+                                                 "transpose": True}),
+    ((F16, 256, 97, 130, False, (-1, -1), 2, 2), {}),
 ]
 
 

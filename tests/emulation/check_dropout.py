@@ -214,6 +214,9 @@ def main():
         (check_bwd, (b16, 128, 70, 113, 4, 1, 0.5), dict(causal=True, seed=8)),
         (check_bwd, (f16, 64, 70, 40, 2, 1, 0.3), dict(window=(17, 5), on_device=True, seed=9)),
         (check_bwd, (b16, 128, 1, 17, 2, 2, 0.4), dict(seed=10)),
+        # d >= 192: the two-pass key blocks (the mask replayed in both passes)
+        (check_bwd, (b16, 256, 70, 130, 2, 1, 0.3), dict(causal=True, seed=16)),
+        (check_bwd, (f16, 192, 97, 150, 2, 2, 0.4), dict(seed=17)),
     ]
     if quick:
         cases = cases[:2] + cases[10:12]

@@ -18,6 +18,9 @@
 //        dK  += dZ^T Q
 //        dZ^T -> shared (Element); dQ += dZ K  (warps split query rows x head-dim columns;
 //                                              fp32 red.global.add.v2 into dq_accum)
+//      Two passes per key block at d >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM (224; BwdTraits::
+//      kTwoPass): pass 0 runs S^T -> P^T -> dV only, pass 1 recomputes S^T -> P^T and runs the
+//      rest without the dV GEMM, so one d-wide accumulator is live at a time (no spills).
 //      (-DFLASH_CUDA_BWD_V1=1: the previous loop -- S^T and dP^T first, a branch around each
 //      exponential, scalar atomics -- for A/B timing.)
 //      At the end dK, dV (fp32, unscaled) go to the per-query-head workspaces dk_accum /
@@ -58,6 +61,14 @@
 #include "kernels/sm80/traits.h"
 #include "kernels/sm80/warp_gemm.cuh"
 
+// Head dims from which the main kernel makes two passes per key block (BwdTraits::kTwoPass:
+// dV first, then dK and dQ); default 224 (d224, d256). 192 adds d192 (spill-free then too, but
+// +43% loop instructions against 5-12 spilled words per iteration: predicted slower), a value
+// above 256 turns the two passes off. For A/B timing.
+#ifndef FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM
+#define FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM 224
+#endif
+
 // FLASH_CUDA_BWD_V1=1 restores the previous main-loop code (per-element branch around the
 // exponential in the P^T step, scalar dQ atomics) for A/B timing; default 0.
 #ifndef FLASH_CUDA_BWD_V1
@@ -81,6 +92,13 @@ struct BwdTraits {
     static constexpr int kNWarps = NWarps;
     static constexpr int kNThreads = NWarps * 32;
     static constexpr int kQStages = QStages;
+    // Two passes over the query blocks per key block (HeadDim >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM,
+    // default 224): pass 0 accumulates dV only, pass 1 recomputes S^T -> P^T and accumulates dK
+    // (and dQ). One HeadDim-wide accumulator per thread instead of two (d256: 128 fp32
+    // registers instead of 256; one pass spilled 0.5-1.2 KB per thread there), for one extra
+    // S^T GEMM (6 GEMMs per query block instead of 5) and a second read of Q, dO, lse.
+    // d160 (spill-free with one pass) and d192 (5-12 spilled words per iteration) keep one.
+    static constexpr bool kTwoPass = HeadDim >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM;
     static constexpr int kKeyTiles = BlockN / (16 * NWarps);
     static constexpr int kDTiles = HeadDim / 8;
     static constexpr int kDqWarpsM = BlockM / 16;
@@ -347,6 +365,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kDTiles = Traits::kDTiles;
     using ScoreGemm = typename Traits::ScoreGemm;
     using GradGemm = typename Traits::GradGemm;
+    // Two passes per key block (Traits::kTwoPass): dV first, then dK and dQ.
+    constexpr bool kTwoPass = Traits::kTwoPass && !FLASH_CUDA_BWD_V1;
+    [[maybe_unused]] constexpr int kPasses = kTwoPass ? 2 : 1;
 
     unsigned char* smem = ptx::dynamic_smem();
     const uint32_t smem_base = ptx::smem_addr(smem);
@@ -455,20 +476,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                    params.v_row_stride, valid_keys, params.d, bwd_fresh(tid));
         ptx::cp_async_commit();
 
-        float acc_dk[kKeyTiles][kDTiles][4];
-        float acc_dv[kKeyTiles][kDTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    acc_dk[mt][dt][e] = 0.f;
-                    acc_dv[mt][dt][e] = 0.f;
-                }
-            }
-        }
-
         // Query-block inputs of block m_block into buffer `stage`: Q and dO tiles, lse and D,
         // all with cp.async. Rows past the sequence are zero-filled: zero Q and dO rows and
         // D = 0 make every product they enter zero (p^T dO, dZ^T = p (dP - D) with dP = 0),
@@ -503,15 +510,48 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             ptx::cp_async_commit();
         };
-        if (Traits::kQStages == 2 && m_block_min < m_block_max) {
+
+        // One pass over the query blocks, or two (kTwoPass, d >= 224): pass 0 computes only
+        // dV += P^T dO (no dP^T, dZ^T, dQ), pass 1 recomputes S^T -> P^T and computes dP^T,
+        // dK += dZ^T Q and dQ += dZ K. Only one HeadDim-wide accumulator is live at a time.
+        // (always_inline: without it the single-pass kernels' code changed -- d128 64 x 128 SASS
+        // differed, same registers -- with it their SASS is identical to the loop without the
+        // lambda.)
+#if FLASH_CUDA_BWD_V1
+        {  // one pass, plain block (the V1 loop's code as before)
+        constexpr int pass = 0;
+#else
+        static_for_each<kPasses>([&](auto pass_c) __attribute__((always_inline)) {
+        constexpr int pass = decltype(pass_c)::value;
+#endif
+        constexpr bool kDoDv = !kTwoPass || pass == 0;  // this pass accumulates dV
+        constexpr bool kDoDk = !kTwoPass || pass == 1;  // this pass accumulates dK and dQ
+        float acc_dk[kKeyTiles][kDTiles][4];
+        float acc_dv[kKeyTiles][kDTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+            for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc_dk[mt][dt][e] = 0.f;
+                    acc_dv[mt][dt][e] = 0.f;
+                }
+            }
+        }
+        if (Traits::kQStages == 2 && m_block_min < m_block_max && pass == 0) {
             // Buffer 0 is free: every warp passed the barrier at the top of this key block.
+            // (Pass 1's first block was loaded by pass 0's last iteration.)
             load_query_block(m_block_min, 0);
         }
+        // Pass 1 continues pass 0's buffer alternation: its first block sits in the buffer after
+        // pass 0's last one.
+        const int stage0 = pass == 0 ? 0 : (m_block_max - m_block_min) & 1;
 
         for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
             const int m0 = m_block * kBlockM;
             const int valid_q = min(kBlockM, seqlen_q - m0);
-            const int stage = Traits::kQStages == 2 ? (m_block - m_block_min) & 1 : 0;
+            const int stage = Traits::kQStages == 2 ? (m_block - m_block_min + stage0) & 1 : 0;
             if constexpr (Traits::kQStages == 1) {
                 __syncthreads();  // every warp is done with the previous Q, dO, dZ^T, lse, D
                 load_query_block(m_block, 0);
@@ -521,7 +561,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // (its buffer, refilled next, and the dZ^T tile).
             __syncthreads();
             if constexpr (Traits::kQStages == 2) {
-                if (m_block + 1 < m_block_max) load_query_block(m_block + 1, stage ^ 1);
+                // The pass's next block or, after pass 0's last block, pass 1's first (one call
+                // site: the copy code is inlined once).
+                const bool next_in_pass = m_block + 1 < m_block_max;
+                if (next_in_pass || (kTwoPass && pass == 0)) {
+                    load_query_block(next_in_pass ? m_block + 1 : m_block_min, stage ^ 1);
+                }
             }
             const uint32_t smem_q =
                 smem_base + stage * Traits::kSmemQStageBytes + Traits::kSmemQOffset;
@@ -530,7 +575,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 smem + stage * Traits::kSmemQStageBytes + Traits::kSmemLseOffset);
             const float* smem_dsum = reinterpret_cast<const float*>(
                 smem + stage * Traits::kSmemQStageBytes + Traits::kSmemDOffset);
-            uint32_t keep[kKeyTiles][(kQTiles8 + 7) / 8];  // dropout: kept P^T elements
+            [[maybe_unused]] uint32_t keep[kKeyTiles][(kQTiles8 + 7) / 8];  // dropout: kept P^T
             if constexpr (IsDropout) {
                 dropout_keep_bits_transposed<kKeyTiles, kQTiles8>(
                     keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + warp_key0,
@@ -742,13 +787,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             } else {
                 p_step(std::false_type{});
             }
-            warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
-
+            if constexpr (kDoDv) warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
+            if constexpr (kDoDk) {
             // dP^T = V dO^T, query slice by slice; dZ^T = p dscore (dP^T - D) (dP^T dropped and
             // scaled with dropout) straight into the fragments.
             static_for_each<Traits::kDpParts>([&](auto part) {
-                constexpr int kPartTiles = kQTiles8 / Traits::kDpParts;
-                float acc_dp[kKeyTiles][kPartTiles][4];
+                // (Traits:: members: g++, used by the CPU emulator, does not take the
+                // enclosing function's constants as array bounds two lambdas deep.)
+                constexpr int kPartTiles = Traits::kBlockM / 8 / Traits::kDpParts;
+                float acc_dp[Traits::kKeyTiles][kPartTiles][4];
 #pragma unroll
                 for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
@@ -791,8 +838,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
             });
             warp_gemm_pv<Element, GradGemm>(acc_dk, frag, smem_q, lane);
+            }  // kDoDk
 #endif
 
+            if constexpr (kDoDk) {
             // dZ^T -> shared memory: thread's element (mt, nt, 2 half + c) at key row
             // warp_key0 + 16 mt + 8 half + lane / 4, query column 8 nt + 2 (lane % 4) + c.
             {
@@ -846,9 +895,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     }
                 }
             }
+            }  // kDoDk
         }
 
-        ptx::cp_async_wait<0>();  // a key block without query blocks still has K / V in flight
+        // A key block without query blocks still has K / V in flight (pass 0 of two leaves
+        // pass 1's first query block in flight: not waited for here).
+        if constexpr (kDoDk) ptx::cp_async_wait<0>();
 
         // dK, dV (fp32, unscaled) -> per-query-head workspace rows of the block's valid keys.
         const int key_row = warp_key0 + lane / 4;  // in the block
@@ -870,13 +922,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 const int64_t row_off = (16 * mt + 8 * half) * Traits::kHeadDim;
 #pragma unroll
                 for (int dt = 0; dt < kDTiles; ++dt) {
-                    *reinterpret_cast<float2*>(dk_ws + row_off + 8 * dt) =
-                        make_float2(acc_dk[mt][dt][2 * half], acc_dk[mt][dt][2 * half + 1]);
-                    *reinterpret_cast<float2*>(dv_ws + row_off + 8 * dt) =
-                        make_float2(acc_dv[mt][dt][2 * half], acc_dv[mt][dt][2 * half + 1]);
+                    if constexpr (kDoDk) {
+                        *reinterpret_cast<float2*>(dk_ws + row_off + 8 * dt) =
+                            make_float2(acc_dk[mt][dt][2 * half], acc_dk[mt][dt][2 * half + 1]);
+                    }
+                    if constexpr (kDoDv) {
+                        *reinterpret_cast<float2*>(dv_ws + row_off + 8 * dt) =
+                            make_float2(acc_dv[mt][dt][2 * half], acc_dv[mt][dt][2 * half + 1]);
+                    }
                 }
             }
         }
+#if FLASH_CUDA_BWD_V1
+        }
+#else
+        });  // passes
+#endif
     }
 }
 
