@@ -21,8 +21,6 @@
 //      Two passes per key block at d >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM (224; BwdTraits::
 //      kTwoPass): pass 0 runs S^T -> P^T -> dV only, pass 1 recomputes S^T -> P^T and runs the
 //      rest without the dV GEMM, so one d-wide accumulator is live at a time (no spills).
-//      (-DFLASH_CUDA_BWD_V1=1: the previous loop -- S^T and dP^T first, a branch around each
-//      exponential, scalar atomics -- for A/B timing.)
 //      At the end dK, dV (fp32, unscaled) go to the per-query-head workspaces dk_accum /
 //      dv_accum (b, h, seqlen_k_rounded, HeadDim): written once by one CTA, no atomics.
 //   3. postprocess: dq = scale * dq_accum, dk = scale * sum over the query heads of a KV head of
@@ -67,12 +65,6 @@
 // above 256 turns the two passes off. For A/B timing.
 #ifndef FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM
 #define FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM 224
-#endif
-
-// FLASH_CUDA_BWD_V1=1 restores the previous main-loop code (per-element branch around the
-// exponential in the P^T step, scalar dQ atomics) for A/B timing; default 0.
-#ifndef FLASH_CUDA_BWD_V1
-#define FLASH_CUDA_BWD_V1 0
 #endif
 
 namespace flash_cuda {
@@ -201,7 +193,7 @@ template <> struct BwdConfig<256> { using Traits = BwdTraits<256, 32, 64, 4>; };
 // 64-query tile spilled 52-76 B at d128 with the Philox draws in the loop), else the main tile.
 template <int HeadDim>
 using bwd_dropout_traits_t =
-    std::conditional_t<(HeadDim >= 128 && !FLASH_CUDA_BWD_V1), bias_traits_t<BwdConfig<HeadDim>>,
+    std::conditional_t<(HeadDim >= 128), bias_traits_t<BwdConfig<HeadDim>>,
                        typename BwdConfig<HeadDim>::Traits>;
 
 // Where one (batch, query head) starts in every tensor and workspace, fixed length or varlen.
@@ -301,14 +293,9 @@ __device__ __forceinline__ bool key_visible(const KeyRange& range, int key, int 
 }
 
 // x, recomputed where used (opaque to the compiler, so lane-derived addresses are rebuilt in
-// the query loop instead of being kept -- or spilled -- through it); x itself with
-// FLASH_CUDA_BWD_V1.
+// the query loop instead of being kept -- or spilled -- through it).
 __device__ __forceinline__ int bwd_fresh(int x) {
-#if FLASH_CUDA_BWD_V1
-    return x;
-#else
     return ptx::opaque(x);
-#endif
 }
 
 // dQ (rows 16 wm .., columns col0 ..) += dZ (from the dZ^T tile, transposed by ldmatrix) K.
@@ -366,7 +353,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     using ScoreGemm = typename Traits::ScoreGemm;
     using GradGemm = typename Traits::GradGemm;
     // Two passes per key block (Traits::kTwoPass): dV first, then dK and dQ.
-    constexpr bool kTwoPass = Traits::kTwoPass && !FLASH_CUDA_BWD_V1;
+    constexpr bool kTwoPass = Traits::kTwoPass;
     [[maybe_unused]] constexpr int kPasses = kTwoPass ? 2 : 1;
 
     unsigned char* smem = ptx::dynamic_smem();
@@ -406,26 +393,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                            static_cast<float>(M_LOG2E);
     }
 
-#if FLASH_CUDA_BWD_V1
-    const int kv_head = head / params.h_h_k_ratio;
-    const Element* k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
-                           kv_head * params.k_head_stride;
-    const Element* v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
-                           kv_head * params.v_head_stride;
-#endif
-#if FLASH_CUDA_BWD_V1
-    const Element* q_head = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
-                            head * params.q_head_stride;
-    const Element* do_head = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
-                             head * params.do_head_stride;
-    const float* lse_head = params.softmax_lse_ptr + seq.lse_row0;
-    const float* dsum_head = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
-#endif
     // Deterministic: this CTA's own dq_accum slice.
     float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
                      (params.deterministic ? blockIdx.x * params.dq_accum_split_stride : 0) +
                      seq.acc_row0 * Traits::kHeadDim;
-#if !FLASH_CUDA_BWD_V1
     if (tid == 0) {  // visible after the barrier at the top of the first key block
         BwdCtaPointers& ptrs =
             *reinterpret_cast<BwdCtaPointers*>(smem + Traits::kSmemPointersOffset);
@@ -436,7 +407,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptrs.lse = params.softmax_lse_ptr + seq.lse_row0;
         ptrs.dsum = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
     }
-#endif
     const int warp_key0 = warp * 16 * kKeyTiles;  // in the tile
 
     // One key block per CTA, or (deterministic) key blocks blockIdx.x, + gridDim.x, ... in order.
@@ -455,7 +425,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int m_block_max =
             q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_block_min;
 
-#if !FLASH_CUDA_BWD_V1
         // The K / V pointers are re-derived per key block (opaque indices: not hoisted), so
         // they are not kept (spilled) through the query loop, which wants every register.
         const Element* k_seq;
@@ -469,7 +438,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq_o.v_offset +
                     kv_head * params.v_head_stride;
         }
-#endif
         Traits::KVCopy::load_async(smem_k, k_seq + static_cast<int64_t>(n0) * params.k_row_stride,
                                    params.k_row_stride, valid_keys, params.d, bwd_fresh(tid));
         Traits::KVCopy::load_async(smem_v, v_seq + static_cast<int64_t>(n0) * params.v_row_stride,
@@ -484,7 +452,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int m0 = m_block * kBlockM;
             const int valid_q = min(kBlockM, seqlen_q - m0);
             const uint32_t stage_base = smem_base + stage * Traits::kSmemQStageBytes;
-#if !FLASH_CUDA_BWD_V1
             // The per-head pointers from shared memory (written once by thread 0): not kept in
             // registers through the query loop (at d128 ptxas spilled them there).
             const BwdCtaPointers& ptrs = *reinterpret_cast<const BwdCtaPointers*>(
@@ -494,7 +461,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const float* lse_head = ptrs.lse;
             const float* dsum_head = ptrs.dsum;
             const int tid = bwd_fresh(threadIdx.x);
-#endif
             Traits::QCopy::load_async(stage_base + Traits::kSmemQOffset,
                                       q_head + static_cast<int64_t>(m0) * params.q_row_stride,
                                       params.q_row_stride, valid_q, params.d, tid);
@@ -517,13 +483,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // (always_inline: without it the single-pass kernels' code changed -- d128 64 x 128 SASS
         // differed, same registers -- with it their SASS is identical to the loop without the
         // lambda.)
-#if FLASH_CUDA_BWD_V1
-        {  // one pass, plain block (the V1 loop's code as before)
-        constexpr int pass = 0;
-#else
         static_for_each<kPasses>([&](auto pass_c) __attribute__((always_inline)) {
         constexpr int pass = decltype(pass_c)::value;
-#endif
         constexpr bool kDoDv = !kTwoPass || pass == 0;  // this pass accumulates dV
         constexpr bool kDoDk = !kTwoPass || pass == 1;  // this pass accumulates dK and dQ
         float acc_dk[kKeyTiles][kDTiles][4];
@@ -582,114 +543,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     m0, lane);
             }
 
-#if FLASH_CUDA_BWD_V1
-            float acc_s[kKeyTiles][kQTiles8][4];
-            float acc_dp[kKeyTiles][kQTiles8][4];
-#pragma unroll
-            for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-                for (int nt = 0; nt < kQTiles8; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        acc_s[mt][nt][e] = 0.f;
-                        acc_dp[mt][nt][e] = 0.f;
-                    }
-                }
-            }
-            warp_gemm_qk<Element, ScoreGemm>(acc_s, smem_k, smem_q, warp_key0, lane);
-            warp_gemm_qk<Element, ScoreGemm>(acc_dp, smem_v, smem_do, warp_key0, lane);
-
-            // P^T step: P^T (into acc_s) and dZ^T (into acc_dp). Only blocks that touch a mask
-            // edge or the end of the keys test each element (zero-filled key rows past seqlen_k
-            // must get p = 0: with a very negative lse their p would overflow). Query rows past
-            // seqlen_q need no mask (see load_query_block).
-            const bool block_needs_mask =
-                !(n0 >= m0 + kBlockM - 1 + range.begin_shift &&
-                  n0 + kBlockN <= min(range.seqlen_k, m0 + range.end_shift));
-            const int key0 = n0 + warp_key0 + lane / 4;  // key of element (0, 0, 0)
-            const int qcol0 = 2 * (lane % 4);            // query (in the block) of element (0, 0, 0)
-#pragma unroll
-            for (int nt = 0; nt < kQTiles8; ++nt) {
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int qi = qcol0 + 8 * nt + c;
-                    const float lse_log2 = smem_lse[qi] * static_cast<float>(M_LOG2E);
-                    const float dsum = smem_dsum[qi];
-#if !FLASH_CUDA_BWD_V1
-                    // Keys this query sees, relative to key0: [key_lo, key_hi) (all of them when
-                    // the block needs no mask). Masked elements get exponent -inf (p = +0), so
-                    // the exponential is unconditional: no branch per element (the earlier
-                    // `visible ? exp2(..) : 0` compiled to one branch + convergence barrier per
-                    // element, and ptxas could not interleave the MUFU ops).
-                    const int query = m0 + qi;
-                    const int key_lo =
-                        block_needs_mask ? query + range.begin_shift - key0 : INT_MIN;
-                    const int key_hi =
-                        block_needs_mask ? min(range.seqlen_k, query + range.end_shift) - key0
-                                         : INT_MAX;
-#endif
-#pragma unroll
-                    for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-                        for (int half = 0; half < 2; ++half) {
-                            [[maybe_unused]] const int key = key0 + 16 * mt + 8 * half;
-                            const int e = 2 * half + c;
-#if FLASH_CUDA_BWD_V1
-                            const bool visible =
-                                !block_needs_mask || key_visible(range, key, m0 + qi);
-#else
-                            const bool visible =
-                                16 * mt + 8 * half >= key_lo && 16 * mt + 8 * half < key_hi;
-#endif
-                            float p, dscore = 1.f;  // dscore: d(final score) / d(scale s)
-                            if constexpr (!HasSoftcap && !HasAlibi) {
-#if FLASH_CUDA_BWD_V1
-                                p = visible ? ptx::exp2_approx(
-                                                  fmaf(acc_s[mt][nt][e], score_log2, -lse_log2))
-                                            : 0.f;
-#else
-                                const float x = fmaf(acc_s[mt][nt][e], score_log2, -lse_log2);
-                                p = ptx::exp2_approx(visible ? x : -INFINITY);
-#endif
-                            } else {
-                                float x = acc_s[mt][nt][e];
-                                if constexpr (HasSoftcap) {
-                                    const float t = ptx::tanh_approx(x * softcap_pre_scale);
-                                    dscore = fmaf(-t, t, 1.f);
-                                    x = t;
-                                }
-                                x *= score_log2;
-                                if constexpr (HasAlibi) {
-                                    const int distance = abs(m0 + qi + mask.diag - key);
-                                    x = fmaf(-alibi_slope_log2, static_cast<float>(distance), x);
-                                }
-#if FLASH_CUDA_BWD_V1
-                                p = visible ? ptx::exp2_approx(x - lse_log2) : 0.f;
-#else
-                                p = ptx::exp2_approx(visible ? x - lse_log2 : -INFINITY);
-#endif
-                            }
-                            float dp = acc_dp[mt][nt][e];
-                            float p_dv = p;  // P in dV += P^T dO (dropped and scaled)
-                            if constexpr (IsDropout) {
-                                const bool kept = (keep[mt][nt / 8] >> (4 * (nt % 8) + e)) & 1u;
-                                p_dv = kept ? p * params.rp_keep : 0.f;
-                                dp = kept ? dp * params.rp_keep : 0.f;
-                            }
-                            acc_s[mt][nt][e] = p_dv;
-                            acc_dp[mt][nt][e] = p * (dp - dsum);
-                            if constexpr (HasSoftcap) acc_dp[mt][nt][e] *= dscore;
-                        }
-                    }
-                }
-            }
-
-            uint32_t frag[kKeyTiles][kBlockM / 16][4];
-            convert_p_to_a_fragments<Element, GradGemm>(frag, acc_s);
-            warp_gemm_pv<Element, GradGemm>(acc_dv, frag, smem_do, lane);
-            convert_p_to_a_fragments<Element, GradGemm>(frag, acc_dp);
-            warp_gemm_pv<Element, GradGemm>(acc_dk, frag, smem_q, lane);
-#else
             // S^T = K Q^T; the P^T step turns it into P^T (16-bit A fragments for dV += P^T dO,
             // dropped and scaled with dropout) and keeps p dscore in fp32 for dZ^T. dP^T = V dO^T
             // comes after the dV GEMM, in kDpParts query slices, each turned into dZ^T fragments
@@ -839,7 +692,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             });
             warp_gemm_pv<Element, GradGemm>(acc_dk, frag, smem_q, lane);
             }  // kDoDk
-#endif
 
             if constexpr (kDoDk) {
             // dZ^T -> shared memory: thread's element (mt, nt, 2 half + c) at key row
@@ -883,14 +735,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                         wd * Traits::kDqCols + 2 * (lane_q % 4);
 #pragma unroll
                         for (int dt = 0; dt < Traits::kDqDTiles; ++dt) {
-#if FLASH_CUDA_BWD_V1
-                            atomicAdd(dq_row + 8 * dt, acc_dq[dt][2 * half]);
-                            atomicAdd(dq_row + 8 * dt + 1, acc_dq[dt][2 * half + 1]);
-#else
                             // One 8-byte vector reduction (sm_90; two atomics before).
                             ptx::red_add_f32x2(dq_row + 8 * dt, acc_dq[dt][2 * half],
                                                acc_dq[dt][2 * half + 1]);
-#endif
                         }
                     }
                 }
@@ -905,13 +752,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // dK, dV (fp32, unscaled) -> per-query-head workspace rows of the block's valid keys.
         const int key_row = warp_key0 + lane / 4;  // in the block
         const int64_t ws_offset =
-#if FLASH_CUDA_BWD_V1
-            (seq.kv_row0 + n0 + key_row) * Traits::kHeadDim + 2 * (lane % 4);
-#else  // re-derived after the query loop (not kept through it)
             (BwdSequence::make(params, ptx::opaque(batch), head).kv_row0 + n0 + key_row) *
                 Traits::kHeadDim +
             2 * (lane % 4);
-#endif
         float* dk_ws = reinterpret_cast<float*>(params.dk_accum_ptr) + ws_offset;
         float* dv_ws = reinterpret_cast<float*>(params.dv_accum_ptr) + ws_offset;
 #pragma unroll
@@ -933,11 +776,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
             }
         }
-#if FLASH_CUDA_BWD_V1
-        }
-#else
         });  // passes
-#endif
     }
 }
 
