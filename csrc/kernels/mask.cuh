@@ -89,33 +89,10 @@ struct KeyRange {
     }
 };
 
-// s = -inf where the key is not visible (only called for blocks that touch a mask edge).
-// row0 / col0: query row and key of the thread's element s[0][0][0] (sequence coordinates).
-template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], const KeyRange& range,
-                                           int row0, int col0) {
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = row0 + 16 * mt + 8 * half;
-            // Visible keys relative to col0: [begin, end).
-            const int begin = row + range.begin_shift - col0;
-            const int end = min(range.seqlen_k, row + range.end_shift) - col0;
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int col = 8 * nt + c;
-                    if (col < begin || col >= end) s[mt][nt][2 * half + c] = -INFINITY;
-                }
-            }
-        }
-    }
-}
-
-// apply_mask with explicit query positions per fragment row: pos[mt][half] is the query row of
-// s[mt][*][2 half + c] (GQA-packed tiles, where tile rows are (position, head) pairs).
+// s = -inf where the key is not visible (only called for blocks that touch a mask edge), with
+// explicit query positions per fragment row: pos[mt][half] is the query row of
+// s[mt][*][2 half + c] (sequence coordinates; GQA-packed tiles pass (position, head) rows'
+// positions), col0 the key of s[*][0][0].
 template <int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_mask_positions(float (&s)[kMTiles][kNTiles][4],
                                                      const KeyRange& range,
@@ -137,6 +114,20 @@ __device__ __forceinline__ void apply_mask_positions(float (&s)[kMTiles][kNTiles
             }
         }
     }
+}
+
+// The same for a tile of consecutive query rows: row0 / col0 are the query row and key of the
+// thread's element s[0][0][0] (sequence coordinates).
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], const KeyRange& range,
+                                           int row0, int col0) {
+    int pos[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+        pos[mt][0] = row0 + 16 * mt;
+        pos[mt][1] = row0 + 16 * mt + 8;
+    }
+    apply_mask_positions(s, range, pos, col0);
 }
 
 }  // namespace flash_cuda
