@@ -116,6 +116,17 @@ def make_case(c, seed: int, *, sq: int | None = None, rotary_dim: int | None = N
                 scale=1.0 / math.sqrt(d), num_splits=0, capacity=capacity)
 
 
+def rotary_without_seqlens_case():
+    """No cache_seqlens and no new tokens: every query sits at the cache length (CPU case)."""
+    c = (3, 63, 0, 128, 1, "contiguous", "half", "none", "none", torch.float16)
+    case = make_case(c, seed=4)
+    a = case["args"]
+    a["k"] = a["v"] = a["cache_seqlens"] = None
+    a["rotary_cos"] = torch.cat([a["rotary_cos"]] * 2)[: case["capacity"] + 1]
+    a["rotary_sin"] = torch.cat([a["rotary_sin"]] * 2)[: case["capacity"] + 1]
+    return case
+
+
 def to_device(case, device):
     out = dict(case)
     out["args"] = {k: (None if t is None else t.to(device)) for k, t in case["args"].items()}

@@ -21,7 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
 
 from driver import CUDA_INCLUDE  # noqa: E402
 from kvcache_append_cases import (  # noqa: E402
-    case_id, expected_q, make_case, reference_call, sampled_grid)
+    case_id, expected_q, make_case, reference_call, rotary_without_seqlens_case, sampled_grid)
 from kvcache_append_driver import run_append_emulated  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -72,13 +72,7 @@ def test_append_emulated_more_queries_than_new_tokens(causal):
 
 def test_append_emulated_rotary_without_cache_seqlens():
     """No cache_seqlens and no new tokens: every query sits at the cache length."""
-    c = (3, 63, 0, 128, 1, "contiguous", "half", "none", "none", torch.float16)
-    case = make_case(c, seed=4)
-    a = case["args"]
-    a["k"] = a["v"] = a["cache_seqlens"] = None
-    a["rotary_cos"] = torch.cat([a["rotary_cos"]] * 2)[: case["capacity"] + 1]
-    a["rotary_sin"] = torch.cat([a["rotary_sin"]] * 2)[: case["capacity"] + 1]
-    check(case)
+    check(rotary_without_seqlens_case())
 
 
 @pytest.mark.parametrize("layout", ("contiguous", 16))

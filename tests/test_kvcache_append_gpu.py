@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from kvcache_append_cases import (
-    ARG_ORDER, call_op, case_id, expected_q, make_case, reference_call, sampled_grid, sequence_kv, to_device)
+    ARG_ORDER, call_op, case_id, expected_q, make_case, reference_call, rotary_without_seqlens_case,
+    sampled_grid, sequence_kv, to_device)
 from naive_attention import naive_attention, normalize_window
 
 pytestmark = pytest.mark.gpu
@@ -94,13 +95,7 @@ def test_odd_head_dim(rotary_dim):
 @needs_cuda
 def test_rotary_without_cache_seqlens():
     """No cache_seqlens (no new tokens): every query sits at the cache length."""
-    c = (3, 63, 0, 128, 1, "contiguous", "half", "none", "none", torch.float16)
-    case = make_case(c, seed=4)
-    a = case["args"]
-    a["k"] = a["v"] = a["cache_seqlens"] = None
-    a["rotary_cos"] = torch.cat([a["rotary_cos"]] * 2)[: case["capacity"] + 1]
-    a["rotary_sin"] = torch.cat([a["rotary_sin"]] * 2)[: case["capacity"] + 1]
-    run_and_check(case)
+    run_and_check(rotary_without_seqlens_case())
 
 
 @needs_cuda
