@@ -334,7 +334,8 @@ AttnDims check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
                               const std::optional<at::Tensor>& rotary_sin,
                               const std::optional<at::Tensor>& cache_batch_idx,
                               const std::optional<at::Tensor>& cache_leftpad,
-                              const std::optional<at::Tensor>& block_table, int64_t num_splits) {
+                              const std::optional<at::Tensor>& block_table, int64_t num_splits,
+                              at::Tensor* cache_seqlens_host) {
     check_defined(q, "q");
     check_defined(k_cache, "k_cache");
     check_defined(v_cache, "v_cache");
@@ -436,6 +437,7 @@ AttnDims check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
         std::vector<int64_t> lengths(d.batch, 0);  // keys per sequence after the append
         if (cache_seqlens.has_value()) {
             const auto sl = host_ints(*cache_seqlens);
+            if (cache_seqlens_host != nullptr) *cache_seqlens_host = sl;
             const at::Tensor lp = cache_leftpad.has_value() ? host_ints(*cache_leftpad) : at::Tensor();
             for (int64_t b = 0; b < d.batch; ++b) {
                 const int s = sl.data_ptr<int>()[b];
@@ -474,24 +476,24 @@ AttnDims check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
     return d;
 }
 
-void check_kvcache_rotary_positions(const at::Tensor& q,
-                                    const std::optional<at::Tensor>& cache_seqlens,
+void check_kvcache_rotary_positions(const at::Tensor& q, bool has_cache_seqlens,
+                                    const at::Tensor& cache_seqlens_host,
                                     const std::optional<at::Tensor>& rotary_cos, int64_t capacity,
                                     bool per_row) {
     const int64_t sq = q.size(1);
     if (!rotary_cos.has_value() || sq == 0) return;
     const int64_t seqlen_ro = rotary_cos->size(0);
     const int64_t last_row = per_row ? sq - 1 : 0;
-    if (!cache_seqlens.has_value()) {
+    if (!has_cache_seqlens) {
         TORCH_CHECK_VALUE(capacity + last_row < seqlen_ro, "flash_cuda: rotary_cos/sin have ",
                           seqlen_ro, " positions, but without cache_seqlens query row ", last_row,
                           " sits at position ", capacity + last_row, " (the cache length + row)");
         return;
     }
-    if (!value_checks_enabled(q)) return;
-    const auto sl = host_ints(*cache_seqlens);
-    for (int64_t b = 0; b < sl.numel(); ++b) {
-        const int64_t pos = sl.data_ptr<int>()[b] + last_row;
+    if (!cache_seqlens_host.defined()) return;  // value checks off (or graph capture)
+    const int* sl = cache_seqlens_host.data_ptr<int>();
+    for (int64_t b = 0; b < cache_seqlens_host.numel(); ++b) {
+        const int64_t pos = sl[b] + last_row;
         TORCH_CHECK_VALUE(pos < seqlen_ro, "flash_cuda: rotary_cos/sin have ", seqlen_ro,
                           " positions, but query row ", last_row, " of sequence ", b,
                           " sits at position ", pos, " (cache_seqlens[", b, "]",

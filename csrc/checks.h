@@ -60,6 +60,8 @@ void check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Ten
                       const at::Tensor& softmax_lse, const AttnDims& dims, bool varlen);
 
 // Everything fwd_kvcache takes; returns the dims with seqlen_k = the cache capacity per sequence.
+// cache_seqlens_host (if given) receives the host copy of cache_seqlens the value checks made
+// (undefined when they did not run), for check_kvcache_rotary_positions.
 AttnDims check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
                               const at::Tensor& v_cache, const std::optional<at::Tensor>& k,
                               const std::optional<at::Tensor>& v,
@@ -68,12 +70,14 @@ AttnDims check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
                               const std::optional<at::Tensor>& rotary_sin,
                               const std::optional<at::Tensor>& cache_batch_idx,
                               const std::optional<at::Tensor>& cache_leftpad,
-                              const std::optional<at::Tensor>& block_table, int64_t num_splits);
+                              const std::optional<at::Tensor>& block_table, int64_t num_splits,
+                              at::Tensor* cache_seqlens_host = nullptr);
 
 // fwd_kvcache with rotary: every query row's position (cache_seqlens[b], + row when per_row, i.e.
 // with a causal or local mask; the cache length without cache_seqlens) is in the cos/sin table.
-void check_kvcache_rotary_positions(const at::Tensor& q,
-                                    const std::optional<at::Tensor>& cache_seqlens,
+// cache_seqlens_host: check_kvcache_inputs' host copy (undefined: value checks off, skipped).
+void check_kvcache_rotary_positions(const at::Tensor& q, bool has_cache_seqlens,
+                                    const at::Tensor& cache_seqlens_host,
                                     const std::optional<at::Tensor>& rotary_cos, int64_t capacity,
                                     bool per_row);
 

@@ -99,14 +99,17 @@ CheckedCall kvcache_prologue(const at::Tensor& q, const at::Tensor& k_cache,
                              const OptionalTensor& alibi_slopes, double softmax_scale,
                              bool causal, int64_t window_left, int64_t window_right,
                              double softcap, int64_t num_splits) {
+    at::Tensor cache_seqlens_host;  // one device-to-host copy, shared by both checks
     const AttnDims dims = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens,
                                                rotary_cos, rotary_sin, cache_batch_idx,
-                                               cache_leftpad, block_table, num_splits);
+                                               cache_leftpad, block_table, num_splits,
+                                               &cache_seqlens_host);
     check_scalar_args(0.0, softmax_scale, window_left, window_right, softcap);
     check_alibi(alibi_slopes, q, dims);
     // As flash_attn: normalised with the cache capacity (dims.seqlen_k), applied per sequence.
     const MaskArgs mask = normalize_mask(causal, window_left, window_right, dims.seqlen_k);
-    check_kvcache_rotary_positions(q, cache_seqlens, rotary_cos, dims.seqlen_k,
+    check_kvcache_rotary_positions(q, cache_seqlens.has_value(), cache_seqlens_host, rotary_cos,
+                                   dims.seqlen_k,
                                    mask.causal || mask.window_left >= 0 || mask.window_right >= 0);
     return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, 0.0, PhiloxSeed{}),
             PhiloxSeed{}};
