@@ -23,6 +23,16 @@
 #include "kernels/params.h"
 #include "kernels/sm80/bwd.cuh"
 
+// A/B switch (issue 4, WIP): 1 = the plain / causal / window backward at head dims 64 and 128
+// runs mha_bwd_sm80_v2_kernel (bwd_v2.cuh: FA2-style warp grids); every other case, and the
+// default build (0), keeps mha_bwd_sm80_kernel.
+#ifndef FLASH_CUDA_BWD_KERNEL_V2
+#define FLASH_CUDA_BWD_KERNEL_V2 0
+#endif
+#if FLASH_CUDA_BWD_KERNEL_V2
+#include "kernels/sm80/bwd_v2.cuh"
+#endif
+
 namespace flash_cuda {
 
 namespace sm80 {
@@ -40,6 +50,19 @@ void launch_bwd_kernel(BwdParams& params, cudaStream_t stream) {
     kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
     FLASH_CUDA_CHECK_LAUNCH();
 }
+
+#if FLASH_CUDA_BWD_KERNEL_V2
+template <typename Element, typename Traits, bool Causal>
+void launch_bwd_v2_kernel(BwdParams& params, cudaStream_t stream) {
+    auto kernel = &mha_bwd_sm80_v2_kernel<Element, Traits, Causal>;
+    constexpr int kSmemBytes = Traits::kSmemBytes;
+    reserve_dynamic_smem(kernel, kSmemBytes, "backward kernel v2");
+    const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
+    kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+    FLASH_CUDA_CHECK_LAUNCH();
+}
+#endif
 
 }  // namespace sm80
 
@@ -83,7 +106,16 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         } else if (has_alibi) {
             sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, false, false>(params, stream);
         } else {
-            sm80::launch_bwd_kernel<Element, Traits, Causal, false, false, false>(params, stream);
+#if FLASH_CUDA_BWD_KERNEL_V2
+            if constexpr (sm80::BwdV2Config<HeadDim>::kSupported) {
+                sm80::launch_bwd_v2_kernel<Element, typename sm80::BwdV2Config<HeadDim>::Traits,
+                                           Causal>(params, stream);
+            } else
+#endif
+            {
+                sm80::launch_bwd_kernel<Element, Traits, Causal, false, false, false>(params,
+                                                                                      stream);
+            }
         }
     }
     {
