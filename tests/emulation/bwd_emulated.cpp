@@ -66,13 +66,12 @@ void run_tile(BwdParams& params) {
     const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
 #if FLASH_CUDA_BWD_KERNEL_V2
-    // The launcher's A/B switch (bwd_launch.cuh): plain / causal / window at d64 / d128.
-    if constexpr (!HasAlibi && !HasSoftcap && !IsDropoutRun &&
-                  BwdV2Config<EMU_HEAD_DIM>::kSupported) {
+    // The launcher's A/B switch (bwd_launch.cuh): d64 / d128 without dropout.
+    if constexpr (!IsDropoutRun && BwdV2Config<EMU_HEAD_DIM>::kSupported) {
         using V2 = typename BwdV2Config<EMU_HEAD_DIM>::Traits;
         static_assert(V2::kBlockN == Traits::kBlockN, "same key blocks (deterministic splits)");
-        launch(grid, V2::kNThreads, V2::kSmemBytes, &mha_bwd_sm80_v2_kernel<Element, V2, Causal>,
-               params);
+        launch(grid, V2::kNThreads, V2::kSmemBytes,
+               &mha_bwd_sm80_v2_kernel<Element, V2, Causal, HasAlibi, HasSoftcap>, params);
     } else
 #endif
     {

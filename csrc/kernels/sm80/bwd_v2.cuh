@@ -1,14 +1,16 @@
 // Second sm80 backward main kernel (issue 4, WIP): the work of a query block split over warp
 // grids of (queries x keys) and (keys x head-dim columns) instead of "each warp owns 16 keys".
-// Built only with -DFLASH_CUDA_BWD_KERNEL_V2=1 (bwd_launch.cuh), plain + causal / window, head
-// dims 64 and 128 (BwdV2Config); everything else keeps mha_bwd_sm80_kernel (bwd.cuh), whose
-// preprocess / convert kernels, workspaces, BwdParams and deterministic mode this kernel shares.
+// Built only with -DFLASH_CUDA_BWD_KERNEL_V2=1 (bwd_launch.cuh): head dims 64 and 128
+// (BwdV2Config), causal / window, softcap, ALiBi, GQA, varlen, deterministic; dropout and every
+// other head dim keep mha_bwd_sm80_kernel (bwd.cuh), whose preprocess / convert kernels,
+// workspaces, BwdParams and deterministic mode this kernel shares.
 //
 // One CTA per (key block of kBlockN = 128 keys, batch, query head), 8 warps. K, V -> shared
 // memory once; loop over the query blocks (kBlockM = 64) that see some key of the block:
 //   phase 1, warp grid 2 (queries) x 4 (keys), each warp 32 queries x 32 keys:
-//     S  = Q K^T, P = exp2(S scale log2(e) - lse log2(e)) (0 where masked, branch-free)
-//     dP = dO V^T, dS = P (dP - D)
+//     S  = Q K^T, P = exp2(S scale log2(e) - lse log2(e)) (0 where masked, branch-free;
+//          softcap / ALiBi as bwd.cuh)
+//     dP = dO V^T, dS = P (dP - D)  (times 1 - t^2 with softcap)
 //     P, dS -> shared memory (Element, swizzled 64 x 128 tiles, queries x keys)
 //   barrier
 //   phase 2, warp grid 4 (keys) x 2 (head-dim halves), each warp 32 keys x HeadDim / 2:
@@ -171,9 +173,11 @@ __device__ __forceinline__ void store_p_tile(uint32_t tile, int row0, int col0,
     });
 }
 
-// Causal: window right side 0. No softcap / ALiBi / dropout (the launcher keeps those on
-// mha_bwd_sm80_kernel).
-template <typename Element, typename Traits, bool Causal>
+// Causal: window right side 0. HasAlibi / HasSoftcap as in mha_bwd_sm80_kernel (scores
+// recomputed as the forward does; with softcap dS = P (dP - D) (1 - t^2), t the tanh value).
+// No dropout (the launcher keeps it on mha_bwd_sm80_kernel).
+template <typename Element, typename Traits, bool Causal, bool HasAlibi = false,
+          bool HasSoftcap = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_bwd_sm80_v2_kernel(const __grid_constant__ BwdParams params) {
     constexpr int kBlockM = Traits::kBlockM;
@@ -212,7 +216,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mask.window_left = params.window_size_left;
     mask.window_right = Causal ? 0 : params.window_size_right;
     const KeyRange range = KeyRange::make(mask);
-    const float score_log2 = params.scale_softmax_log2;
+    // Score units (base 2), as bwd.cuh: plain x = s scale log2(e); softcap x = tanh(s scale /
+    // softcap) softcap log2(e); ALiBi then subtracts slope log2(e) |i + diag - j|.
+    const float score_log2 = HasSoftcap ? params.softcap_log2 : params.scale_softmax_log2;
+    const float softcap_pre_scale = HasSoftcap ? params.softcap_pre_scale : 0.f;
+    float alibi_slope_log2 = 0.f;
+    if constexpr (HasAlibi) {
+        alibi_slope_log2 = reinterpret_cast<const float*>(
+                               params.alibi_slopes_ptr)[batch * params.alibi_slopes_batch_stride +
+                                                        head] *
+                           static_cast<float>(M_LOG2E);
+    }
 
     float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
                      (params.deterministic ? blockIdx.x * params.dq_accum_split_stride : 0) +
@@ -360,6 +374,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 // key n0 + scol0 + 8 nt + 2 (lane % 4) + e % 2.
                 const int row_t = srow0 + lane_f / 4;   // in the query block
                 const int key_t = scol0 + 2 * (lane_f % 4);  // in the key block
+                // Softcap: P packed here for the store (acc_s becomes p (1 - t^2), for dS).
+                [[maybe_unused]] uint32_t p_pack[HasSoftcap ? kSMTiles : 1][2]
+                                                [HasSoftcap ? kSNTiles : 1];
                 auto p_step = [&](auto masked) {
 #pragma unroll
                     for (int mt = 0; mt < kSMTiles; ++mt) {
@@ -374,15 +391,39 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                 min(range.seqlen_k, query + range.end_shift) - n0 - key_t;
 #pragma unroll
                             for (int nt = 0; nt < kSNTiles; ++nt) {
+                                [[maybe_unused]] float p_pair[2];
 #pragma unroll
                                 for (int c = 0; c < 2; ++c) {
                                     const int kofs = 8 * nt + c;
+                                    float dscore = 1.f;  // d(final score) / d(scale s)
                                     const bool visible = !decltype(masked)::value ||
                                                          (kofs >= key_lo && kofs < key_hi);
-                                    const float x =
-                                        fmaf(acc_s[mt][nt][2 * half + c], score_log2, -lse_log2);
-                                    acc_s[mt][nt][2 * half + c] =
-                                        ptx::exp2_approx(visible ? x : -INFINITY);
+                                    float x = acc_s[mt][nt][2 * half + c];
+                                    if constexpr (!HasSoftcap && !HasAlibi) {
+                                        x = fmaf(x, score_log2, -lse_log2);
+                                    } else {
+                                        if constexpr (HasSoftcap) {
+                                            const float t =
+                                                ptx::tanh_approx(x * softcap_pre_scale);
+                                            dscore = fmaf(-t, t, 1.f);
+                                            x = t;
+                                        }
+                                        x *= score_log2;
+                                        if constexpr (HasAlibi) {
+                                            const int distance =
+                                                abs(query + mask.diag - n0 - key_t - kofs);
+                                            x = fmaf(-alibi_slope_log2,
+                                                     static_cast<float>(distance), x);
+                                        }
+                                        x -= lse_log2;
+                                    }
+                                    const float p = ptx::exp2_approx(visible ? x : -INFINITY);
+                                    p_pair[c] = p;
+                                    acc_s[mt][nt][2 * half + c] = HasSoftcap ? p * dscore : p;
+                                }
+                                if constexpr (HasSoftcap) {
+                                    p_pack[mt][half][nt] =
+                                        ptx::pack_float2<Element>(p_pair[0], p_pair[1]);
                                 }
                             }
                         }
@@ -393,7 +434,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 } else {
                     p_step(std::false_type{});
                 }
-                store_p_tile<Element, PTile>(smem_p, srow0, scol0, acc_s, lane);
+                if constexpr (HasSoftcap) {
+                    const uint32_t base =
+                        smem_p + PTile::byte_offset(srow0 + lane_f / 4, scol0 + 2 * (lane_f % 4));
+                    static_for_each<kSMTiles>([&](auto mt) {
+                        static_for_each<2>([&](auto half) {
+                            static_for_each<kSNTiles>([&](auto nt) {
+                                ptx::st_shared_4(
+                                    PTile::template stepped<16 * mt + 8 * half, 8 * nt>(base),
+                                    p_pack[mt][half][nt]);
+                            });
+                        });
+                    });
+                } else {
+                    store_p_tile<Element, PTile>(smem_p, srow0, scol0, acc_s, lane);
+                }
 
                 float acc_dp[kSMTiles][kSNTiles][4];
 #pragma unroll
