@@ -36,17 +36,18 @@ def build_dir() -> pathlib.Path:
     return d
 
 
-def emulator_binary(head_dim: int, program: str = "fwd_emulated") -> pathlib.Path:
+def emulator_binary(head_dim: int, program: str = "fwd_emulated", defines=()) -> pathlib.Path:
     """Builds (if stale) and returns an emulator program (fwd_emulated, bwd_emulated) for one
-    kernel head dim."""
-    exe = build_dir() / f"{program}_hdim{head_dim}"
+    kernel head dim; `defines` ("NAME=VALUE" strings) become -D flags and part of the name."""
+    suffix = "".join("_" + d.replace("=", "") for d in defines)
+    exe = build_dir() / f"{program}_hdim{head_dim}{suffix}"
     newest = max(p.stat().st_mtime for p in sources())
     if exe.exists() and exe.stat().st_mtime >= newest:
         return exe
     cmd = [
         os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-pthread", f"-DEMU_HEAD_DIM={head_dim}",
         "-include", str(HERE / "prelude.h"), f"-I{HERE}", f"-I{ROOT / 'csrc'}", f"-I{CUDA_INCLUDE}",
-        str(HERE / f"{program}.cpp"), "-o", str(exe) + ".tmp",
+        *(f"-D{d}" for d in defines), str(HERE / f"{program}.cpp"), "-o", str(exe) + ".tmp",
     ]
     subprocess.run(cmd, check=True)
     os.replace(str(exe) + ".tmp", exe)

@@ -1,0 +1,558 @@
+// Second sm80 backward main kernel (issue 4, WIP): the work of a query block split over warp
+// grids of (queries x keys) and (keys x head-dim columns) instead of "each warp owns 16 keys".
+// Built only with -DFLASH_CUDA_BWD_KERNEL_V2=1 (bwd_launch.cuh): head dims 64 and 128
+// (BwdV2Config), causal / window, softcap, ALiBi, GQA, varlen, deterministic; dropout and every
+// other head dim keep mha_bwd_sm80_kernel (bwd.cuh), whose preprocess / convert kernels,
+// workspaces, BwdParams and deterministic mode this kernel shares.
+//
+// One CTA per (key block of kBlockN = 128 keys, batch, query head), 8 warps. K, V -> shared
+// memory once; loop over the query blocks (kBlockM = 64) that see some key of the block:
+//   phase 1, warp grid 2 (queries) x 4 (keys), each warp 32 queries x 32 keys:
+//     S  = Q K^T, P = exp2(S scale log2(e) - lse log2(e)) (0 where masked, branch-free;
+//          softcap / ALiBi as bwd.cuh)
+//     dP = dO V^T, dS = P (dP - D)  (times 1 - t^2 with softcap)
+//     P, dS -> shared memory (Element, swizzled 64 x 128 tiles, queries x keys)
+//   barrier
+//   phase 2, warp grid 4 (keys) x 2 (head-dim halves), each warp 32 keys x HeadDim / 2:
+//     dV += P^T dO, dK += dS^T Q   (P^T, dS^T from shared memory with ldmatrix.trans; fp32
+//                                   accumulators in registers for the whole key block)
+//   phase 3, warp grid 2 (queries) x 4 (head-dim quarters), each warp 32 queries x HeadDim / 4:
+//     dQ += dS K -> fp32 red.global.add.v2.f32 into dq_accum (deterministic: own slice)
+// Barriers per query block: 2 (see bench/NOTES_kernel_bwd.md, "Backward kernel v2").
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/mask.cuh"
+#include "kernels/params.h"
+#include "kernels/ptx.cuh"
+#include "kernels/sm80/bwd.cuh"
+#include "kernels/sm80/tile_io.cuh"
+#include "kernels/sm80/warp_gemm.cuh"
+
+namespace flash_cuda {
+namespace sm80 {
+
+template <int HeadDim, int BlockM = 64, int BlockN = 128, int NWarps = 8>
+struct BwdV2Traits {
+    static constexpr int kHeadDim = HeadDim;
+    static constexpr int kBlockM = BlockM;
+    static constexpr int kBlockN = BlockN;
+    static constexpr int kNWarps = NWarps;
+    static constexpr int kNThreads = NWarps * 32;
+    // Phase 1 (S, dP): kSWarpsM x kSWarpsN warps over (queries x keys).
+    static constexpr int kSWarpsM = 2;
+    static constexpr int kSWarpsN = NWarps / kSWarpsM;
+    static constexpr int kSRows = BlockM / kSWarpsM;  // queries per warp
+    static constexpr int kSCols = BlockN / kSWarpsN;  // keys per warp
+    // Phase 2 (dV, dK): kGWarpsN x kGWarpsD warps over (keys x head-dim columns).
+    static constexpr int kGWarpsN = 4;
+    static constexpr int kGWarpsD = NWarps / kGWarpsN;
+    static constexpr int kGRows = BlockN / kGWarpsN;    // keys per warp
+    static constexpr int kGCols = HeadDim / kGWarpsD;   // head-dim columns per warp
+    // Phase 3 (dQ): kQWarpsM x kQWarpsD warps over (queries x head-dim columns).
+    static constexpr int kQWarpsM = 2;
+    static constexpr int kQWarpsD = NWarps / kQWarpsM;
+    static constexpr int kQRows = BlockM / kQWarpsM;
+    static constexpr int kQCols = HeadDim / kQWarpsD;
+
+    using QTile = SwizzledTile<BlockM, HeadDim>;   // Q and dO
+    using KVTile = SwizzledTile<BlockN, HeadDim>;  // K and V
+    using PTile = SwizzledTile<BlockM, BlockN>;    // P and dS (queries x keys)
+    using QCopy = TileCopy<QTile, kNThreads>;
+    using KVCopy = TileCopy<KVTile, kNThreads>;
+
+    static constexpr int kSmemKOffset = 0;
+    static constexpr int kSmemVOffset = kSmemKOffset + KVTile::kBytes;
+    static constexpr int kSmemQOffset = kSmemVOffset + KVTile::kBytes;  // stage 0
+    // Per query-block stage (two, double-buffered): Q, dO, lse (kBlockM floats), D (kBlockM).
+    static constexpr int kStageDOOffset = QTile::kBytes;
+    static constexpr int kStageLseOffset = 2 * QTile::kBytes;
+    static constexpr int kStageDOffset = kStageLseOffset + BlockM * 4;
+    static constexpr int kSmemQStageBytes = 2 * QTile::kBytes + 2 * BlockM * 4;
+    static constexpr int kSmemPOffset = kSmemQOffset + 2 * kSmemQStageBytes;
+    static constexpr int kSmemDSOffset = kSmemPOffset + PTile::kBytes;
+    static constexpr int kSmemPointersOffset = kSmemDSOffset + PTile::kBytes;  // BwdCtaPointers
+    static constexpr int kSmemBytes = kSmemPointersOffset + 32;
+
+    // S = Q K^T (dP = dO V^T) in warp_gemm_qk's shape: A = Q rows, B = K rows of the warp.
+    struct ScoreGemm {
+        static constexpr int kHeadDim = HeadDim;
+        static constexpr int kMTiles = kSRows / 16;
+        static constexpr int kNTiles = kSCols / 8;
+        using QTile = SwizzledTile<BlockM, HeadDim>;
+        using KVTile = SwizzledTile<BlockN, HeadDim>;
+    };
+
+    static_assert(HeadDim == 64 || HeadDim == 128, "v2 covers head dims 64 and 128");
+    static_assert(kSRows % 16 == 0 && kSCols % 16 == 0, "phase 1 warp tiles");
+    static_assert(kGRows % 16 == 0 && kGCols % 16 == 0, "phase 2 warp tiles");
+    static_assert(kQRows % 16 == 0 && kQCols % 16 == 0, "phase 3 warp tiles");
+    static_assert(kSmemQOffset % 128 == 0 && kSmemQStageBytes % 128 == 0 &&
+                      kSmemPOffset % 128 == 0 && kSmemDSOffset % 128 == 0,
+                  "tiles 128-byte aligned (SwizzledTile::stepped)");
+    static_assert(128 % BlockM == 0 && 128 % BlockN == 0, "workspaces are rounded to 128 rows");
+    static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+};
+
+template <int HeadDim>
+struct BwdV2Config {
+    static constexpr bool kSupported = false;
+};
+template <>
+struct BwdV2Config<64> {
+    static constexpr bool kSupported = true;
+    using Traits = BwdV2Traits<64>;
+};
+template <>
+struct BwdV2Config<128> {
+    static constexpr bool kSupported = true;
+    using Traits = BwdV2Traits<128>;
+};
+
+// acc[kMTiles][kNTiles][4] += A (16 kMTiles rows x 16 kKSteps) * B (16 kKSteps x 8 kNTiles),
+// both from shared memory. B is stored k-major (tile row = k, as dO, Q, K for dV, dK, dQ) and
+// read with ldmatrix.trans. A is stored m-major (tile row = m: dS for dQ, ldmatrix) or, with
+// kATrans, k-major (tile row = k: P / dS read as P^T / dS^T, ldmatrix.trans).
+// a_m0: the warp's first A row (m); b_n0: the warp's first B column (n). A, B start at k = 0.
+template <typename Element, typename ATile, typename BTile, int kMTiles, int kNTiles, int kKSteps,
+          bool kATrans>
+__device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMTiles][kNTiles][4], uint32_t a_smem,
+                                               int a_m0, uint32_t b_smem, int b_n0, int lane) {
+    static_assert(kNTiles % 2 == 0, "B fragments in pairs of 8-column tiles");
+    lane = ptx::opaque(lane);
+    // ldmatrix lane addresses (lane l gives row l % 8 of matrix l / 8):
+    //   A, m-major: row a_m0 + l % 16, col 8 (l / 16)      -> a0..a3 (rows 0-7 / 8-15, k 0-7 / 8-15)
+    //   A, k-major (.trans): row (k) l % 8 + 8 (l / 16), col (m) a_m0 + 8 ((l / 8) % 2)
+    //   B, k-major (.trans): row (k) l % 8 + 8 ((l / 8) % 2), col (n) b_n0 + 8 (l / 16)
+    const uint32_t a_base =
+        kATrans ? a_smem + ATile::byte_offset(lane % 8 + 8 * (lane / 16), a_m0 + 8 * ((lane / 8) % 2))
+                : a_smem + ATile::byte_offset(a_m0 + lane % 16, 8 * (lane / 16));
+    const uint32_t b_base =
+        b_smem + BTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), b_n0 + 8 * (lane / 16));
+    static_for_each<kKSteps>([&](auto kk) {
+        uint32_t a[kMTiles][4];
+        static_for_each<kMTiles>([&](auto mt) {
+            if constexpr (kATrans) {
+                ptx::ldmatrix_x4_trans(a[mt], ATile::template stepped<16 * kk, 16 * mt>(a_base));
+            } else {
+                ptx::ldmatrix_x4(a[mt], ATile::template stepped<16 * mt, 16 * kk>(a_base));
+            }
+        });
+        static_for_each<kNTiles / 2>([&](auto np) {
+            uint32_t b[4];
+            ptx::ldmatrix_x4_trans(b, BTile::template stepped<16 * kk, 16 * np>(b_base));
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                ptx::mma_16816<Element>(acc[mt][2 * np], a[mt], b[0], b[1]);
+                ptx::mma_16816<Element>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        });
+    });
+}
+
+// Stores a phase-1 accumulator (rows 16 mt + 8 half + lane / 4 of the warp's first row,
+// columns 8 nt + 2 (lane % 4) (+1) of its first key) as Element pairs into a PTile.
+template <typename Element, typename PTile, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_p_tile(uint32_t tile, int row0, int col0,
+                                             const float (&acc)[kMTiles][kNTiles][4], int lane) {
+    lane = ptx::opaque(lane);
+    const uint32_t base = tile + PTile::byte_offset(row0 + lane / 4, col0 + 2 * (lane % 4));
+    static_for_each<kMTiles>([&](auto mt) {
+        static_for_each<2>([&](auto half) {
+            static_for_each<kNTiles>([&](auto nt) {
+                ptx::st_shared_4(PTile::template stepped<16 * mt + 8 * half, 8 * nt>(base),
+                                 ptx::pack_float2<Element>(acc[mt][nt][2 * half],
+                                                           acc[mt][nt][2 * half + 1]));
+            });
+        });
+    });
+}
+
+// Causal: window right side 0. HasAlibi / HasSoftcap as in mha_bwd_sm80_kernel (scores
+// recomputed as the forward does; with softcap dS = P (dP - D) (1 - t^2), t the tanh value).
+// No dropout (the launcher keeps it on mha_bwd_sm80_kernel).
+template <typename Element, typename Traits, bool Causal, bool HasAlibi = false,
+          bool HasSoftcap = false>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    mha_bwd_sm80_v2_kernel(const __grid_constant__ BwdParams params) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    using ScoreGemm = typename Traits::ScoreGemm;
+    using QTile = typename Traits::QTile;
+    using KVTile = typename Traits::KVTile;
+    using PTile = typename Traits::PTile;
+    constexpr int kSMTiles = ScoreGemm::kMTiles;  // 16-query tiles per warp (phase 1)
+    constexpr int kSNTiles = ScoreGemm::kNTiles;  // 8-key tiles per warp (phase 1)
+    constexpr int kGMTiles = Traits::kGRows / 16;  // 16-key tiles per warp (phase 2)
+    constexpr int kGNTiles = Traits::kGCols / 8;   // 8-column tiles per warp (phase 2)
+    constexpr int kQMTiles = Traits::kQRows / 16;  // 16-query tiles per warp (phase 3)
+    constexpr int kQNTiles = Traits::kQCols / 8;   // 8-column tiles per warp (phase 3)
+
+    unsigned char* smem = ptx::dynamic_smem();
+    const uint32_t smem_base = ptx::smem_addr(smem);
+    const uint32_t smem_k = smem_base + Traits::kSmemKOffset;
+    const uint32_t smem_v = smem_base + Traits::kSmemVOffset;
+    const uint32_t smem_p = smem_base + Traits::kSmemPOffset;
+    const uint32_t smem_ds = smem_base + Traits::kSmemDSOffset;
+
+    const int tid = threadIdx.x;
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    const int batch = blockIdx.y;
+    const int head = blockIdx.z;
+    const BwdSequence seq = BwdSequence::make(params, batch, head);
+    const int seqlen_q = seq.seqlen_q;
+    const int seqlen_k = seq.seqlen_k;
+
+    AttentionMask mask;
+    mask.seqlen_k = seqlen_k;
+    mask.diag = seqlen_k - seqlen_q;
+    mask.window_left = params.window_size_left;
+    mask.window_right = Causal ? 0 : params.window_size_right;
+    const KeyRange range = KeyRange::make(mask);
+    // Score units (base 2), as bwd.cuh: plain x = s scale log2(e); softcap x = tanh(s scale /
+    // softcap) softcap log2(e); ALiBi then subtracts slope log2(e) |i + diag - j|.
+    const float score_log2 = HasSoftcap ? params.softcap_log2 : params.scale_softmax_log2;
+    const float softcap_pre_scale = HasSoftcap ? params.softcap_pre_scale : 0.f;
+    float alibi_slope_log2 = 0.f;
+    if constexpr (HasAlibi) {
+        alibi_slope_log2 = reinterpret_cast<const float*>(
+                               params.alibi_slopes_ptr)[batch * params.alibi_slopes_batch_stride +
+                                                        head] *
+                           static_cast<float>(M_LOG2E);
+    }
+
+    float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
+                     (params.deterministic ? blockIdx.x * params.dq_accum_split_stride : 0) +
+                     seq.acc_row0 * kHeadDim;
+    if (tid == 0) {  // visible after the barrier at the top of the first key block
+        BwdCtaPointers& ptrs =
+            *reinterpret_cast<BwdCtaPointers*>(smem + Traits::kSmemPointersOffset);
+        ptrs.q = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
+                 head * params.q_head_stride;
+        ptrs.d_o = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
+                   head * params.do_head_stride;
+        ptrs.lse = params.softmax_lse_ptr + seq.lse_row0;
+        ptrs.dsum = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
+    }
+
+    // Warp positions in the three grids.
+    const int s_row0 = (warp % Traits::kSWarpsM) * Traits::kSRows;  // phase 1 first query
+    const int s_col0 = (warp / Traits::kSWarpsM) * Traits::kSCols;  // phase 1 first key
+    const int g_row0 = (warp % Traits::kGWarpsN) * Traits::kGRows;  // phase 2 first key
+    const int g_col0 = (warp / Traits::kGWarpsN) * Traits::kGCols;  // phase 2 first column
+    const int q_row0 = (warp % Traits::kQWarpsM) * Traits::kQRows;  // phase 3 first query
+    const int q_col0 = (warp / Traits::kQWarpsM) * Traits::kQCols;  // phase 3 first column
+
+    for (int n_block = blockIdx.x; n_block * kBlockN < seqlen_k; n_block += gridDim.x) {
+        const int n0 = n_block * kBlockN;
+        const int valid_keys = min(kBlockN, seqlen_k - n0);
+        // Barrier K0: every warp is done with the previous key block (K in the dQ GEMM, the
+        // stage buffers) before they are refilled.
+        __syncthreads();
+
+        int64_t q_lo = static_cast<int64_t>(n0) - range.end_shift + 1;
+        q_lo = q_lo < 0 ? 0 : q_lo;
+        int64_t q_hi = static_cast<int64_t>(n0) + valid_keys - range.begin_shift;  // exclusive
+        q_hi = q_hi > seqlen_q ? seqlen_q : q_hi;
+        const int m_block_min = static_cast<int>(q_lo / kBlockM);
+        const int m_block_max =
+            q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_block_min;
+
+        {
+            const int batch_o = ptx::opaque(batch), head_o = ptx::opaque(head);
+            const BwdSequence seq_o = BwdSequence::make(params, batch_o, head_o);
+            const int kv_head = head_o / params.h_h_k_ratio;
+            const Element* k_seq = reinterpret_cast<const Element*>(params.k_ptr) +
+                                   seq_o.k_offset + kv_head * params.k_head_stride;
+            const Element* v_seq = reinterpret_cast<const Element*>(params.v_ptr) +
+                                   seq_o.v_offset + kv_head * params.v_head_stride;
+            Traits::KVCopy::load_async(smem_k,
+                                       k_seq + static_cast<int64_t>(n0) * params.k_row_stride,
+                                       params.k_row_stride, valid_keys, params.d, bwd_fresh(tid));
+            Traits::KVCopy::load_async(smem_v,
+                                       v_seq + static_cast<int64_t>(n0) * params.v_row_stride,
+                                       params.v_row_stride, valid_keys, params.d, bwd_fresh(tid));
+            ptx::cp_async_commit();
+        }
+
+        // Q, dO, lse, D of query block m_block -> stage buffer `stage` (cp.async, one group).
+        // Rows past seqlen_q are zero-filled (zero Q, dO, D: every product they enter is 0;
+        // their dQ rows are not written).
+        auto load_query_block = [&](int m_block, int stage) {
+            const int m0 = m_block * kBlockM;
+            const int valid_q = min(kBlockM, seqlen_q - m0);
+            const uint32_t stage_base =
+                smem_base + Traits::kSmemQOffset + stage * Traits::kSmemQStageBytes;
+            const BwdCtaPointers& ptrs = *reinterpret_cast<const BwdCtaPointers*>(
+                smem + Traits::kSmemPointersOffset);
+            const Element* q_head = reinterpret_cast<const Element*>(ptrs.q);
+            const Element* do_head = reinterpret_cast<const Element*>(ptrs.d_o);
+            const int tid = bwd_fresh(threadIdx.x);
+            Traits::QCopy::load_async(stage_base,
+                                      q_head + static_cast<int64_t>(m0) * params.q_row_stride,
+                                      params.q_row_stride, valid_q, params.d, tid);
+            Traits::QCopy::load_async(stage_base + Traits::kStageDOOffset,
+                                      do_head + static_cast<int64_t>(m0) * params.do_row_stride,
+                                      params.do_row_stride, valid_q, params.d, tid);
+            for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
+                const bool ok = r < valid_q;
+                ptx::cp_async_4(stage_base + Traits::kStageLseOffset + 4 * r,
+                                ptrs.lse + (ok ? m0 + r : 0), ok);
+                ptx::cp_async_4(stage_base + Traits::kStageDOffset + 4 * r,
+                                ptrs.dsum + (ok ? m0 + r : 0), ok);
+            }
+            ptx::cp_async_commit();
+        };
+
+        float acc_dv[kGMTiles][kGNTiles][4];
+        float acc_dk[kGMTiles][kGNTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kGMTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kGNTiles; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc_dv[mt][nt][e] = 0.f;
+                    acc_dk[mt][nt][e] = 0.f;
+                }
+            }
+        }
+        if (m_block_min < m_block_max) load_query_block(m_block_min, 0);
+
+        for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
+            const int m0 = m_block * kBlockM;
+            const int valid_q = min(kBlockM, seqlen_q - m0);
+            const int stage = (m_block - m_block_min) & 1;
+            ptx::cp_async_wait<0>();  // this block's inputs (and, first, K and V) have landed
+            // Barrier B1: every thread's copies are visible; every warp is done with the
+            // previous query block (the other stage buffer, refilled next, and the P / dS
+            // tiles, rewritten in phase 1).
+            __syncthreads();
+            if (m_block + 1 < m_block_max) load_query_block(m_block + 1, stage ^ 1);
+            const uint32_t stage_base =
+                smem_base + Traits::kSmemQOffset + stage * Traits::kSmemQStageBytes;
+            const uint32_t smem_q = stage_base;
+            const uint32_t smem_do = stage_base + Traits::kStageDOOffset;
+            const float* smem_lse = reinterpret_cast<const float*>(
+                smem + Traits::kSmemQOffset + stage * Traits::kSmemQStageBytes +
+                Traits::kStageLseOffset);
+            const float* smem_dsum = reinterpret_cast<const float*>(
+                smem + Traits::kSmemQOffset + stage * Traits::kSmemQStageBytes +
+                Traits::kStageDOffset);
+
+            // ---- Phase 1: S, P, dP, dS on the (queries x keys) warp grid ----
+            {
+                const int srow0 = bwd_fresh(s_row0);
+                const int scol0 = bwd_fresh(s_col0);
+                float acc_s[kSMTiles][kSNTiles][4];
+#pragma unroll
+                for (int mt = 0; mt < kSMTiles; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < kSNTiles; ++nt) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+                    }
+                }
+                warp_gemm_qk<Element, ScoreGemm>(acc_s, smem_q,
+                                                 smem_k + KVTile::byte_offset(scol0, 0), srow0,
+                                                 lane);
+                // Blocks inside every row's key range skip the visibility test (uniform
+                // branch); the masked copy is exact for any block. Zero-filled key rows past
+                // seqlen_k must get p = 0 (a very negative lse would overflow otherwise).
+                const bool block_needs_mask =
+                    !(n0 >= m0 + kBlockM - 1 + range.begin_shift &&
+                      n0 + kBlockN <= min(range.seqlen_k, m0 + range.end_shift));
+                const int lane_f = bwd_fresh(lane);
+                // Element (mt, nt, e): query m0 + srow0 + 16 mt + 8 (e / 2) + lane / 4,
+                // key n0 + scol0 + 8 nt + 2 (lane % 4) + e % 2.
+                const int row_t = srow0 + lane_f / 4;   // in the query block
+                const int key_t = scol0 + 2 * (lane_f % 4);  // in the key block
+                // Softcap: P packed here for the store (acc_s becomes p (1 - t^2), for dS).
+                [[maybe_unused]] uint32_t p_pack[HasSoftcap ? kSMTiles : 1][2]
+                                                [HasSoftcap ? kSNTiles : 1];
+                auto p_step = [&](auto masked) {
+#pragma unroll
+                    for (int mt = 0; mt < kSMTiles; ++mt) {
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int qi = row_t + 16 * mt + 8 * half;
+                            const float lse_log2 = smem_lse[qi] * static_cast<float>(M_LOG2E);
+                            // Keys this query sees, relative to n0 + key_t: [key_lo, key_hi).
+                            const int query = m0 + qi;
+                            const int key_lo = query + range.begin_shift - n0 - key_t;
+                            const int key_hi =
+                                min(range.seqlen_k, query + range.end_shift) - n0 - key_t;
+#pragma unroll
+                            for (int nt = 0; nt < kSNTiles; ++nt) {
+                                [[maybe_unused]] float p_pair[2];
+#pragma unroll
+                                for (int c = 0; c < 2; ++c) {
+                                    const int kofs = 8 * nt + c;
+                                    float dscore = 1.f;  // d(final score) / d(scale s)
+                                    const bool visible = !decltype(masked)::value ||
+                                                         (kofs >= key_lo && kofs < key_hi);
+                                    float x = acc_s[mt][nt][2 * half + c];
+                                    if constexpr (!HasSoftcap && !HasAlibi) {
+                                        x = fmaf(x, score_log2, -lse_log2);
+                                    } else {
+                                        if constexpr (HasSoftcap) {
+                                            const float t =
+                                                ptx::tanh_approx(x * softcap_pre_scale);
+                                            dscore = fmaf(-t, t, 1.f);
+                                            x = t;
+                                        }
+                                        x *= score_log2;
+                                        if constexpr (HasAlibi) {
+                                            const int distance =
+                                                abs(query + mask.diag - n0 - key_t - kofs);
+                                            x = fmaf(-alibi_slope_log2,
+                                                     static_cast<float>(distance), x);
+                                        }
+                                        x -= lse_log2;
+                                    }
+                                    const float p = ptx::exp2_approx(visible ? x : -INFINITY);
+                                    p_pair[c] = p;
+                                    acc_s[mt][nt][2 * half + c] = HasSoftcap ? p * dscore : p;
+                                }
+                                if constexpr (HasSoftcap) {
+                                    p_pack[mt][half][nt] =
+                                        ptx::pack_float2<Element>(p_pair[0], p_pair[1]);
+                                }
+                            }
+                        }
+                    }
+                };
+                if (block_needs_mask) {
+                    p_step(std::true_type{});
+                } else {
+                    p_step(std::false_type{});
+                }
+                if constexpr (HasSoftcap) {
+                    const uint32_t base =
+                        smem_p + PTile::byte_offset(srow0 + lane_f / 4, scol0 + 2 * (lane_f % 4));
+                    static_for_each<kSMTiles>([&](auto mt) {
+                        static_for_each<2>([&](auto half) {
+                            static_for_each<kSNTiles>([&](auto nt) {
+                                ptx::st_shared_4(
+                                    PTile::template stepped<16 * mt + 8 * half, 8 * nt>(base),
+                                    p_pack[mt][half][nt]);
+                            });
+                        });
+                    });
+                } else {
+                    store_p_tile<Element, PTile>(smem_p, srow0, scol0, acc_s, lane);
+                }
+
+                float acc_dp[kSMTiles][kSNTiles][4];
+#pragma unroll
+                for (int mt = 0; mt < kSMTiles; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < kSNTiles; ++nt) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc_dp[mt][nt][e] = 0.f;
+                    }
+                }
+                warp_gemm_qk<Element, ScoreGemm>(acc_dp, smem_do,
+                                                 smem_v + KVTile::byte_offset(bwd_fresh(s_col0), 0),
+                                                 bwd_fresh(s_row0), lane);
+#pragma unroll
+                for (int mt = 0; mt < kSMTiles; ++mt) {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const float dsum =
+                            smem_dsum[bwd_fresh(s_row0) + bwd_fresh(lane) / 4 + 16 * mt + 8 * half];
+#pragma unroll
+                        for (int nt = 0; nt < kSNTiles; ++nt) {
+#pragma unroll
+                            for (int c = 0; c < 2; ++c) {
+                                const int e = 2 * half + c;
+                                acc_dp[mt][nt][e] = acc_s[mt][nt][e] * (acc_dp[mt][nt][e] - dsum);
+                            }
+                        }
+                    }
+                }
+                store_p_tile<Element, PTile>(smem_ds, bwd_fresh(s_row0), bwd_fresh(s_col0),
+                                             acc_dp, lane);
+            }
+            // Barrier B2: the whole P and dS tiles are written (phases 2 and 3 read every
+            // warp's part).
+            __syncthreads();
+
+            // ---- Phase 2: dV += P^T dO, dK += dS^T Q on the (keys x columns) warp grid ----
+            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true>(
+                acc_dv, smem_p, bwd_fresh(g_row0), smem_do, bwd_fresh(g_col0), lane);
+            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true>(
+                acc_dk, smem_ds, bwd_fresh(g_row0), smem_q, bwd_fresh(g_col0), lane);
+
+            // ---- Phase 3: dQ += dS K on the (queries x columns) warp grid ----
+            {
+                float acc_dq[kQMTiles][kQNTiles][4];
+#pragma unroll
+                for (int mt = 0; mt < kQMTiles; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < kQNTiles; ++nt) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc_dq[mt][nt][e] = 0.f;
+                    }
+                }
+                const int qrow0 = bwd_fresh(q_row0);
+                const int qcol0 = bwd_fresh(q_col0);
+                warp_gemm_smem<Element, PTile, KVTile, kQMTiles, kQNTiles, kBlockN / 16, false>(
+                    acc_dq, smem_ds, qrow0, smem_k, qcol0, lane);
+                const int lane_q = bwd_fresh(lane);
+#pragma unroll
+                for (int mt = 0; mt < kQMTiles; ++mt) {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int row = qrow0 + 16 * mt + 8 * half + lane_q / 4;
+                        if (row < valid_q) {
+                            float* dq_row = dq_head + static_cast<int64_t>(m0 + row) * kHeadDim +
+                                            qcol0 + 2 * (lane_q % 4);
+#pragma unroll
+                            for (int nt = 0; nt < kQNTiles; ++nt) {
+                                ptx::red_add_f32x2(dq_row + 8 * nt, acc_dq[mt][nt][2 * half],
+                                                   acc_dq[mt][nt][2 * half + 1]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // A key block without query blocks still has K / V in flight.
+        ptx::cp_async_wait<0>();
+
+        // dK, dV (fp32, unscaled) -> per-query-head workspace rows of the block's valid keys.
+        const int key_row = g_row0 + lane / 4;  // in the block
+        const int64_t ws_offset =
+            (BwdSequence::make(params, ptx::opaque(batch), head).kv_row0 + n0 + key_row) *
+                kHeadDim +
+            g_col0 + 2 * (lane % 4);
+        float* dk_ws = reinterpret_cast<float*>(params.dk_accum_ptr) + ws_offset;
+        float* dv_ws = reinterpret_cast<float*>(params.dv_accum_ptr) + ws_offset;
+#pragma unroll
+        for (int mt = 0; mt < kGMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                if (key_row + 16 * mt + 8 * half >= valid_keys) continue;
+                const int64_t row_off = (16 * mt + 8 * half) * kHeadDim;
+#pragma unroll
+                for (int nt = 0; nt < kGNTiles; ++nt) {
+                    *reinterpret_cast<float2*>(dk_ws + row_off + 8 * nt) =
+                        make_float2(acc_dk[mt][nt][2 * half], acc_dk[mt][nt][2 * half + 1]);
+                    *reinterpret_cast<float2*>(dv_ws + row_off + 8 * nt) =
+                        make_float2(acc_dv[mt][nt][2 * half], acc_dv[mt][nt][2 * half + 1]);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace sm80
+}  // namespace flash_cuda
