@@ -8,8 +8,6 @@ Environment:
   FLASH_CUDA_PTXAS_VERBOSE=1   print the register/shared-memory/spill report of every kernel.
   FLASH_CUDA_FWD_TUNING=1      also compile the forward tile variants (kernels/sm80/tune_configs.h),
                                chosen at run time with FLASH_CUDA_FWD_TILE=<n> (developers).
-  FLASH_CUDA_BWD_KERNEL_V2=1   backward at d64 / d128 (plain, causal, window) on the second main
-                               kernel, kernels/sm80/bwd_v2.cuh (A/B; WIP, not measured yet).
   MAX_JOBS             parallel compile jobs (ninja).
   CXX                  the C++ compiler (torch's rule; default c++). It must link libstdc++
                        dynamically: one with only libstdc++.a is refused (build_config.py).
@@ -54,8 +52,6 @@ def extensions():
         nvcc += ["-Xptxas=-v", "-Xptxas=-warn-spills"]
     if os.environ.get("FLASH_CUDA_FWD_TUNING") == "1":
         nvcc += ["-DFLASH_CUDA_FWD_TUNING"]  # tile variants of kernels/sm80/tune_configs.h
-    if os.environ.get("FLASH_CUDA_BWD_KERNEL_V2") == "1":
-        nvcc += ["-DFLASH_CUDA_BWD_KERNEL_V2=1"]  # kernels/sm80/bwd_v2.cuh at d64 / d128 (A/B)
     print(f"flash_cuda: archs {archs}, head dims {dims or 'none'}", file=sys.stderr)
     return [
         CUDAExtension(

@@ -11,7 +11,6 @@ them; dropout (fixed length, no softcap / ALiBi) with dropout_p and the forward'
 
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
 import subprocess
@@ -76,10 +75,7 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
             cu_seqlens_q.int().numpy().tofile(tmp / "cu_seqlens_q.bin")
             cu_seqlens_k.int().numpy().tofile(tmp / "cu_seqlens_k.bin")
         (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))
-        # FLASH_CUDA_EMU_BWD_V2=1: the binary built as with -DFLASH_CUDA_BWD_KERNEL_V2=1
-        # (bwd_v2.cuh for plain / causal / window at d64 / d128).
-        defines = ("FLASH_CUDA_BWD_KERNEL_V2=1",) if os.environ.get("FLASH_CUDA_EMU_BWD_V2") == "1" else ()
-        subprocess.run([str(emulator_binary(hd, "bwd_emulated", defines)), str(tmp)], check=True,
+        subprocess.run([str(emulator_binary(hd, "bwd_emulated")), str(tmp)], check=True,
                        timeout=timeout)
 
         def load(name, shape):

@@ -23,9 +23,7 @@ inline float atomicAdd(float* address, float value) {
 }
 
 #include "kernels/sm80/bwd.cuh"
-#if FLASH_CUDA_BWD_KERNEL_V2
 #include "kernels/sm80/bwd_v2.cuh"
-#endif
 #include "host_io.h"
 #include "dropout_params.h"
 
@@ -65,16 +63,13 @@ void run_tile(BwdParams& params) {
            &mha_bwd_preprocess_kernel<Element>, params);
     const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
-#if FLASH_CUDA_BWD_KERNEL_V2
-    // The launcher's A/B switch (bwd_launch.cuh): d64 / d128 without dropout.
+    // The launcher's choice (bwd_launch.cuh): bwd_v2.cuh at d64 / d128 without dropout.
     if constexpr (!IsDropoutRun && BwdV2Config<EMU_HEAD_DIM>::kSupported) {
         using V2 = typename BwdV2Config<EMU_HEAD_DIM>::Traits;
         static_assert(V2::kBlockN == Traits::kBlockN, "same key blocks (deterministic splits)");
         launch(grid, V2::kNThreads, V2::kSmemBytes,
                &mha_bwd_sm80_v2_kernel<Element, V2, Causal, HasAlibi, HasSoftcap>, params);
-    } else
-#endif
-    {
+    } else {
         launch(grid, Traits::kNThreads, Traits::kSmemBytes,
                &mha_bwd_sm80_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap, IsDropoutRun>,
                params);

@@ -22,16 +22,11 @@
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm80/bwd.cuh"
-
-// A/B switch (issue 4, WIP): 1 = the backward at head dims 64 and 128 without dropout (plain,
-// causal / window, softcap, ALiBi) runs mha_bwd_sm80_v2_kernel (bwd_v2.cuh: FA2-style warp
-// grids); dropout, every other head dim, and the default build (0) keep mha_bwd_sm80_kernel.
-#ifndef FLASH_CUDA_BWD_KERNEL_V2
-#define FLASH_CUDA_BWD_KERNEL_V2 0
-#endif
-#if FLASH_CUDA_BWD_KERNEL_V2
 #include "kernels/sm80/bwd_v2.cuh"
-#endif
+
+// Which main kernel: head dims with a BwdV2Config (64, 128) run mha_bwd_sm80_v2_kernel
+// (bwd_v2.cuh, FA2-style warp grids; 1.00-1.08x faster fwd+bwd at d128 than bwd.cuh, bench/NOTES
+// run 19) except with dropout; dropout and every other head dim run mha_bwd_sm80_kernel.
 
 namespace flash_cuda {
 
@@ -51,7 +46,6 @@ void launch_bwd_kernel(BwdParams& params, cudaStream_t stream) {
     FLASH_CUDA_CHECK_LAUNCH();
 }
 
-#if FLASH_CUDA_BWD_KERNEL_V2
 template <typename Element, typename Traits, bool Causal, bool kHasAlibi, bool kHasSoftcap>
 void launch_bwd_v2_kernel(BwdParams& params, cudaStream_t stream) {
     auto kernel = &mha_bwd_sm80_v2_kernel<Element, Traits, Causal, kHasAlibi, kHasSoftcap>;
@@ -62,7 +56,6 @@ void launch_bwd_v2_kernel(BwdParams& params, cudaStream_t stream) {
     kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
     FLASH_CUDA_CHECK_LAUNCH();
 }
-#endif
 
 }  // namespace sm80
 
@@ -99,9 +92,7 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
             }
             sm80::launch_bwd_kernel<Element, sm80::bwd_dropout_traits_t<HeadDim>, Causal, false,
                                     false, true>(params, stream);
-        }
-#if FLASH_CUDA_BWD_KERNEL_V2
-        else if constexpr (sm80::BwdV2Config<HeadDim>::kSupported) {
+        } else if constexpr (sm80::BwdV2Config<HeadDim>::kSupported) {
             using V2 = typename sm80::BwdV2Config<HeadDim>::Traits;
             if (has_softcap && has_alibi) {
                 sm80::launch_bwd_v2_kernel<Element, V2, Causal, true, true>(params, stream);
@@ -112,9 +103,7 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
             } else {
                 sm80::launch_bwd_v2_kernel<Element, V2, Causal, false, false>(params, stream);
             }
-        }
-#endif
-        else if (has_softcap && has_alibi) {
+        } else if (has_softcap && has_alibi) {
             sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, true, false>(params, stream);
         } else if (has_softcap) {
             sm80::launch_bwd_kernel<Element, BiasTraits, Causal, false, true, false>(params, stream);

@@ -1,7 +1,7 @@
-// Second sm80 backward main kernel (issue 4, WIP): the work of a query block split over warp
-// grids of (queries x keys) and (keys x head-dim columns) instead of "each warp owns 16 keys".
-// Built only with -DFLASH_CUDA_BWD_KERNEL_V2=1 (bwd_launch.cuh): head dims 64 and 128
-// (BwdV2Config), causal / window, softcap, ALiBi, GQA, varlen, deterministic; dropout and every
+// Second sm80 backward main kernel: the work of a query block split over warp grids of
+// (queries x keys) and (keys x head-dim columns) instead of "each warp owns 16 keys" (bwd.cuh).
+// The launcher (bwd_launch.cuh) runs it at head dims 64 and 128 (BwdV2Config): causal / window,
+// softcap, ALiBi, GQA, varlen, deterministic; dropout and every
 // other head dim keep mha_bwd_sm80_kernel (bwd.cuh), whose preprocess / convert kernels,
 // workspaces, BwdParams and deterministic mode this kernel shares.
 //
