@@ -351,9 +351,14 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     const at::Tensor out_p = pad_head_dim(out), dout_p = pad_head_dim(dout);
     const at::Tensor lse = softmax_lse.contiguous();
     const auto contiguous = at::MemoryFormat::Contiguous;
+    // MHA: the main kernel writes dk / dv itself (bwd_dkv_store.cuh); varlen zeroes them first
+    // (packed key rows past cu_seqlens_k[b] belong to no sequence). GQA: fp32 workspaces below.
+    const bool dkv_direct = dims.heads == dims.heads_k;
     at::Tensor dq = at::empty_like(q_p, q_p.options().memory_format(contiguous));
-    at::Tensor dk = at::empty_like(k_p, k_p.options().memory_format(contiguous));
-    at::Tensor dv = at::empty_like(v_p, v_p.options().memory_format(contiguous));
+    at::Tensor dk = dkv_direct && varlen ? at::zeros_like(k_p, k_p.options().memory_format(contiguous))
+                                         : at::empty_like(k_p, k_p.options().memory_format(contiguous));
+    at::Tensor dv = dkv_direct && varlen ? at::zeros_like(v_p, v_p.options().memory_format(contiguous))
+                                         : at::empty_like(v_p, v_p.options().memory_format(contiguous));
 
     BwdParams params{};
     set_fwd_params(params, dims, q_p, k_p, v_p, out_p, lse, opts);
@@ -370,11 +375,11 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
                                                      dq_slice * 4)
                                      : 1;
     at::Tensor dq_accum = at::zeros({splits * dq_slice}, f32);
-    at::Tensor dk_accum, dv_accum;
-    if (varlen) {  // zeroed: packed rows past cu_seqlens_k[b] belong to no sequence
+    at::Tensor dk_accum, dv_accum;  // GQA only
+    if (!dkv_direct && varlen) {  // zeroed: packed rows past cu_seqlens_k[b] belong to no sequence
         dk_accum = at::zeros({dims.heads, total_k, hd}, f32);
         dv_accum = at::zeros({dims.heads, total_k, hd}, f32);
-    } else {
+    } else if (!dkv_direct) {
         dk_accum = at::empty({dims.batch, dims.heads, params.seqlen_k_rounded, hd}, f32);
         dv_accum = at::empty({dims.batch, dims.heads, params.seqlen_k_rounded, hd}, f32);
     }
@@ -397,8 +402,9 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     params.dk_head_stride = dk.stride(-2);
     params.dv_head_stride = dv.stride(-2);
     params.dq_accum_ptr = dq_accum.data_ptr();
-    params.dk_accum_ptr = dk_accum.data_ptr();
-    params.dv_accum_ptr = dv_accum.data_ptr();
+    params.dk_accum_ptr = dkv_direct ? nullptr : dk_accum.data_ptr();
+    params.dv_accum_ptr = dkv_direct ? nullptr : dv_accum.data_ptr();
+    params.dkv_direct = dkv_direct;
     params.dsoftmax_sum = dsum.data_ptr();
     params.deterministic = deterministic;
     params.num_splits = splits;

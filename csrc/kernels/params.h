@@ -152,6 +152,9 @@ struct BwdParams : public FwdParams {
     void* __restrict__ dq_accum_ptr;
     void* __restrict__ dk_accum_ptr;
     void* __restrict__ dv_accum_ptr;
+    // MHA (h == h_k): the main kernel writes dk / dv directly (dk_accum / dv_accum unused; the
+    // outputs contiguous with d a multiple of 8).
+    bool dkv_direct;
 
     // D = rowsum(dO * O), fp32 (b, h, seqlen_q_rounded).
     void* __restrict__ dsoftmax_sum;

@@ -45,14 +45,17 @@ void launch(dim3 grid, int threads, size_t smem, Kernel kernel, BwdParams& param
     });
 }
 
-template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap, bool IsDropoutRun>
+// HeadDim = EMU_HEAD_DIM, a template parameter so that the kernel choice below is dependent
+// (if constexpr discards the v2 branch at head dims without a BwdV2Config).
+template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap, bool IsDropoutRun,
+          int HeadDim = EMU_HEAD_DIM>
 void run_tile(BwdParams& params) {
     using namespace flash_cuda::sm80;
-    using Config = BwdConfig<EMU_HEAD_DIM>;
+    using Config = BwdConfig<HeadDim>;
     // Dropout kernels (no softcap / ALiBi): bwd_dropout_traits_t, as the launcher.
     using Traits = std::conditional_t<
         HasAlibi || HasSoftcap, bias_traits_t<Config>,
-        std::conditional_t<IsDropoutRun, bwd_dropout_traits_t<EMU_HEAD_DIM>,
+        std::conditional_t<IsDropoutRun, bwd_dropout_traits_t<HeadDim>,
                            typename Config::Traits>>;
     // Same sequence as csrc/kernels/sm80/bwd_launch.cuh (small grids: one block per 256 threads
     // of work, grid-stride loops cover the rest).
@@ -64,8 +67,8 @@ void run_tile(BwdParams& params) {
     const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
     // The launcher's choice (bwd_launch.cuh): bwd_v2.cuh at d64 / d128 without dropout.
-    if constexpr (!IsDropoutRun && BwdV2Config<EMU_HEAD_DIM>::kSupported) {
-        using V2 = typename BwdV2Config<EMU_HEAD_DIM>::Traits;
+    if constexpr (!IsDropoutRun && BwdV2Config<HeadDim>::kSupported) {
+        using V2 = typename BwdV2Config<HeadDim>::Traits;
         static_assert(V2::kBlockN == Traits::kBlockN, "same key blocks (deterministic splits)");
         launch(grid, V2::kNThreads, V2::kSmemBytes,
                &mha_bwd_sm80_v2_kernel<Element, V2, Causal, HasAlibi, HasSoftcap>, params);
@@ -74,8 +77,13 @@ void run_tile(BwdParams& params) {
                &mha_bwd_sm80_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap, IsDropoutRun>,
                params);
     }
-    launch(dim3(4), 256, 0, &mha_bwd_convert_dq_kernel<Element, EMU_HEAD_DIM>, params);
-    launch(dim3(4), 256, 0, &mha_bwd_convert_dkv_kernel<Element, EMU_HEAD_DIM>, params);
+    // Grids (row chunks, heads) as bwd_launch.cuh; 4 chunks of 256 threads: grid-stride loops
+    // cover the rest.
+    launch(dim3(4, params.h), 256, 0, &mha_bwd_convert_dq_kernel<Element, HeadDim>, params);
+    if (!params.dkv_direct) {
+        launch(dim3(4, params.h_k), 256, 0, &mha_bwd_convert_dkv_kernel<Element, HeadDim>,
+               params);
+    }
 }
 
 template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap>
@@ -188,15 +196,19 @@ int main(int argc, char** argv) {
     const size_t acc_rows = varlen ? h * p.total_q : b * h * p.seqlen_q_rounded;
     const size_t ws_rows = varlen ? h * p.total_k : b * h * p.seqlen_k_rounded;
     p.dq_accum_split_stride = p.deterministic ? static_cast<int64_t>(acc_rows * hd) : 0;
-    // zeroed, as the host does (varlen dk / dv workspaces too)
+    // As the host does: MHA writes dk / dv directly (zeroed first when varlen), GQA through the
+    // fp32 workspaces (zeroed when varlen).
+    p.dkv_direct = p.h == p.h_k;
+    const int dkv_fill = varlen && p.dkv_direct ? 0 : 0xFF;
     GuardedBuffer dq_accum(p.num_splits * acc_rows * hd * 4, 0);
-    GuardedBuffer dk_accum(ws_rows * hd * 4, varlen ? 0 : 0xFF);
-    GuardedBuffer dv_accum(ws_rows * hd * 4, varlen ? 0 : 0xFF);
+    GuardedBuffer dk_accum(p.dkv_direct ? 4 : ws_rows * hd * 4, varlen ? 0 : 0xFF);
+    GuardedBuffer dv_accum(p.dkv_direct ? 4 : ws_rows * hd * 4, varlen ? 0 : 0xFF);
     GuardedBuffer dsum(acc_rows * 4, 0xFF);
-    GuardedBuffer dq(q_rows * h * d * 2, 0xFF), dk(k_rows * hk * d * 2, 0xFF), dv(k_rows * hk * d * 2, 0xFF);
+    GuardedBuffer dq(q_rows * h * d * 2, 0xFF), dk(k_rows * hk * d * 2, dkv_fill),
+        dv(k_rows * hk * d * 2, dkv_fill);
     p.dq_accum_ptr = dq_accum.data();
-    p.dk_accum_ptr = dk_accum.data();
-    p.dv_accum_ptr = dv_accum.data();
+    p.dk_accum_ptr = p.dkv_direct ? nullptr : dk_accum.data();
+    p.dv_accum_ptr = p.dkv_direct ? nullptr : dv_accum.data();
     p.dsoftmax_sum = dsum.data();
     emu::readable_ranges().push_back({dsum.data(), dsum.size});  // the main kernel copies D in
     p.dq_ptr = dq.data();

@@ -21,11 +21,12 @@
 //      Two passes per key block at d >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM (224; BwdTraits::
 //      kTwoPass): pass 0 runs S^T -> P^T -> dV only, pass 1 recomputes S^T -> P^T and runs the
 //      rest without the dV GEMM, so one d-wide accumulator is live at a time (no spills).
-//      At the end dK, dV (fp32, unscaled) go to the per-query-head workspaces dk_accum /
-//      dv_accum (b, h, seqlen_k_rounded, HeadDim): written once by one CTA, no atomics.
-//   3. postprocess: dq = scale * dq_accum, dk = scale * sum over the query heads of a KV head of
-//      dk_accum (fixed order: bitwise reproducible), dv likewise without the scale; converted to
-//      Element and written with the output strides.
+//      At the end (bwd_dkv_store.cuh) dK, dV are written once by one CTA, no atomics: MHA
+//      straight to dk / dv (scaled, Element); GQA fp32 unscaled to the per-query-head
+//      workspaces dk_accum / dv_accum (b, h, seqlen_k_rounded, HeadDim).
+//   3. postprocess: dq = scale * dq_accum; GQA: dk = scale * sum over the query heads of a KV
+//      head of dk_accum (fixed order: bitwise reproducible), dv likewise without the scale;
+//      converted to Element and written with the output strides.
 // Rows with no visible key have lse = +inf: P = 0 there, so their gradients are 0.
 // Scores are recomputed exactly as the forward does (fwd.cuh / mask.cuh): z = scale s, or with
 // softcap z = softcap tanh(scale s / softcap); ALiBi subtracts slope |i + sk - sq - j|; then
@@ -55,6 +56,7 @@
 #include "kernels/mask.cuh"
 #include "kernels/params.h"
 #include "kernels/ptx.cuh"
+#include "kernels/sm80/bwd_dkv_store.cuh"
 #include "kernels/sm80/tile_io.cuh"
 #include "kernels/sm80/traits.h"
 #include "kernels/sm80/warp_gemm.cuh"
@@ -749,80 +751,83 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // pass 1's first query block in flight: not waited for here).
         if constexpr (kDoDk) ptx::cp_async_wait<0>();
 
-        // dK, dV (fp32, unscaled) -> per-query-head workspace rows of the block's valid keys.
-        const int key_row = warp_key0 + lane / 4;  // in the block
-        const int64_t ws_offset =
-            (BwdSequence::make(params, ptx::opaque(batch), head).kv_row0 + n0 + key_row) *
-                Traits::kHeadDim +
-            2 * (lane % 4);
-        float* dk_ws = reinterpret_cast<float*>(params.dk_accum_ptr) + ws_offset;
-        float* dv_ws = reinterpret_cast<float*>(params.dv_accum_ptr) + ws_offset;
-#pragma unroll
-        for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                if (key_row + 16 * mt + 8 * half >= valid_keys) continue;
-                const int64_t row_off = (16 * mt + 8 * half) * Traits::kHeadDim;
-#pragma unroll
-                for (int dt = 0; dt < kDTiles; ++dt) {
-                    if constexpr (kDoDk) {
-                        *reinterpret_cast<float2*>(dk_ws + row_off + 8 * dt) =
-                            make_float2(acc_dk[mt][dt][2 * half], acc_dk[mt][dt][2 * half + 1]);
-                    }
-                    if constexpr (kDoDv) {
-                        *reinterpret_cast<float2*>(dv_ws + row_off + 8 * dt) =
-                            make_float2(acc_dv[mt][dt][2 * half], acc_dv[mt][dt][2 * half + 1]);
-                    }
-                }
-            }
-        }
+        store_dk_dv<Element, Traits::kHeadDim, kDoDk, kDoDv>(
+            params, batch, head, BwdSequence::make(params, ptx::opaque(batch), head).kv_row0, n0,
+            warp_key0, 0, lane, valid_keys, acc_dk, acc_dv);
         });  // passes
     }
 }
 
-// dq = scale * dq_accum (summed over the deterministic slices in order) -> Element with the
-// output strides. dq (b, seqlen_q, h, d) / accumulator (b, h, seqlen_q_rounded, HeadDim), or
-// varlen dq (total_q, h, d) / accumulator (h, total_q, HeadDim). One thread per element.
+// The postprocess kernels below: one thread per 8 head-dim columns of one (row, head), grid
+// (row chunks, heads). Reads are float4 pairs of the fp32 workspace rows, writes one 16-byte
+// vector of 8 Elements (the host pads the head dim to a multiple of 8 and allocates the
+// gradients contiguous, so every 8-column chunk is 16-byte aligned). Workspace columns at or
+// past params.d (the kernel head dim's padding) are not converted.
+template <int HeadDim>
+__device__ __forceinline__ void add_8_floats(float (&v)[8], const float* p) {
+    const float4 lo = *reinterpret_cast<const float4*>(p);
+    const float4 hi = *reinterpret_cast<const float4*>(p + 4);
+    v[0] += lo.x; v[1] += lo.y; v[2] += lo.z; v[3] += lo.w;
+    v[4] += hi.x; v[5] += hi.y; v[6] += hi.z; v[7] += hi.w;
+}
+
+template <typename Element>
+__device__ __forceinline__ void store_8_scaled(Element* out, const float (&v)[8], float scale) {
+    uint4 packed;
+    packed.x = ptx::pack_float2<Element>(v[0] * scale, v[1] * scale);
+    packed.y = ptx::pack_float2<Element>(v[2] * scale, v[3] * scale);
+    packed.z = ptx::pack_float2<Element>(v[4] * scale, v[5] * scale);
+    packed.w = ptx::pack_float2<Element>(v[6] * scale, v[7] * scale);
+    *reinterpret_cast<uint4*>(out) = packed;
+}
+
+// dq = scale * dq_accum (summed over the deterministic slices in order) -> Element. dq (b,
+// seqlen_q, h, d) / accumulator (b, h, seqlen_q_rounded, HeadDim), or varlen dq (total_q, h, d) /
+// accumulator (h, total_q, HeadDim). Grid: (row chunks, h).
 template <typename Element, int HeadDim>
 __global__ void mha_bwd_convert_dq_kernel(const __grid_constant__ BwdParams params) {
+    constexpr int kChunks = HeadDim / 8;
     const bool varlen = params.cu_seqlens_q != nullptr;
-    const int64_t rows = varlen ? params.total_q : static_cast<int64_t>(params.b) * params.seqlen_q;
-    const int64_t total = rows * params.h * params.d;
+    const int rows = varlen ? params.total_q : params.b * params.seqlen_q;
+    const int head = blockIdx.y;
     const float* acc = reinterpret_cast<const float*>(params.dq_accum_ptr);
     Element* dq = reinterpret_cast<Element*>(params.dq_ptr);
     const int splits = params.deterministic ? params.num_splits : 1;
-    for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-         idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int c = static_cast<int>(idx % params.d);
-        int64_t rest = idx / params.d;
-        const int head = static_cast<int>(rest % params.h);
-        rest /= params.h;  // fixed: batch * seqlen_q + row; varlen: packed row
+    for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         idx < static_cast<int64_t>(rows) * kChunks; idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int col = 8 * static_cast<int>(idx % kChunks);
+        const int row = static_cast<int>(idx / kChunks);  // fixed: batch * seqlen_q + row
+        if (col >= params.d) continue;
         int64_t acc_index, out_index;
         if (varlen) {
-            acc_index = (static_cast<int64_t>(head) * params.total_q + rest) * HeadDim + c;
-            out_index = rest * params.dq_row_stride + head * params.dq_head_stride + c;
+            acc_index = (static_cast<int64_t>(head) * params.total_q + row) * HeadDim + col;
+            out_index = row * params.dq_row_stride + head * params.dq_head_stride + col;
         } else {
-            const int row = static_cast<int>(rest % params.seqlen_q);
-            const int batch = static_cast<int>(rest / params.seqlen_q);
+            const int batch = static_cast<int>(static_cast<unsigned>(row) / params.seqlen_q);
+            const int r = row - batch * params.seqlen_q;
             acc_index = ((static_cast<int64_t>(batch) * params.h + head) * params.seqlen_q_rounded +
-                         row) * HeadDim + c;
-            out_index = batch * params.dq_batch_stride + row * params.dq_row_stride +
-                        head * params.dq_head_stride + c;
+                         r) * HeadDim + col;
+            out_index = batch * params.dq_batch_stride + r * params.dq_row_stride +
+                        head * params.dq_head_stride + col;
         }
-        float v = 0.f;
-        for (int s = 0; s < splits; ++s) v += acc[acc_index + s * params.dq_accum_split_stride];
-        dq[out_index] = from_float<Element>(v * params.scale_softmax);
+        float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int s = 0; s < splits; ++s) {
+            add_8_floats<HeadDim>(v, acc + acc_index + s * params.dq_accum_split_stride);
+        }
+        store_8_scaled(dq + out_index, v, params.scale_softmax);
     }
 }
 
-// dk (b, seqlen_k, h_k, d) = scale * sum_g dk_accum[b, kv_head * ratio + g], dv likewise without
-// the scale; g in increasing order (bitwise reproducible). Varlen: dk (total_k, h_k, d),
-// workspace (h, total_k, HeadDim).
+// GQA only (MHA stores dk / dv from the main kernel, bwd_dkv_store.cuh): dk (b, seqlen_k, h_k,
+// d) = scale * sum_g dk_accum[b, kv_head * ratio + g], dv likewise without the scale; g in
+// increasing order (bitwise reproducible). Varlen: dk (total_k, h_k, d), workspace (h, total_k,
+// HeadDim). Grid: (row chunks, h_k).
 template <typename Element, int HeadDim>
 __global__ void mha_bwd_convert_dkv_kernel(const __grid_constant__ BwdParams params) {
+    constexpr int kChunks = HeadDim / 8;
     const bool varlen = params.cu_seqlens_k != nullptr;
-    const int64_t rows = varlen ? params.total_k : static_cast<int64_t>(params.b) * params.seqlen_k;
-    const int64_t total = rows * params.h_k * params.d;
+    const int rows = varlen ? params.total_k : params.b * params.seqlen_k;
+    const int kv_head = blockIdx.y;
     const float* acc_k = reinterpret_cast<const float*>(params.dk_accum_ptr);
     const float* acc_v = reinterpret_cast<const float*>(params.dv_accum_ptr);
     Element* dk = reinterpret_cast<Element*>(params.dk_ptr);
@@ -830,34 +835,35 @@ __global__ void mha_bwd_convert_dkv_kernel(const __grid_constant__ BwdParams par
     const int ratio = params.h_h_k_ratio;
     const int64_t head_stride =
         (varlen ? static_cast<int64_t>(params.total_k) : params.seqlen_k_rounded) * HeadDim;
-    for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-         idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int c = static_cast<int>(idx % params.d);
-        int64_t rest = idx / params.d;
-        const int kv_head = static_cast<int>(rest % params.h_k);
-        rest /= params.h_k;  // fixed: batch * seqlen_k + row; varlen: packed row
+    for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         idx < static_cast<int64_t>(rows) * kChunks; idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int col = 8 * static_cast<int>(idx % kChunks);
+        const int row = static_cast<int>(idx / kChunks);  // fixed: batch * seqlen_k + row
+        if (col >= params.d) continue;
         int64_t base, k_index, v_index;
         if (varlen) {
-            base = static_cast<int64_t>(kv_head) * ratio * head_stride + rest * HeadDim + c;
-            k_index = rest * params.dk_row_stride + kv_head * params.dk_head_stride + c;
-            v_index = rest * params.dv_row_stride + kv_head * params.dv_head_stride + c;
+            base = static_cast<int64_t>(kv_head) * ratio * head_stride +
+                   static_cast<int64_t>(row) * HeadDim + col;
+            k_index = row * params.dk_row_stride + kv_head * params.dk_head_stride + col;
+            v_index = row * params.dv_row_stride + kv_head * params.dv_head_stride + col;
         } else {
-            const int row = static_cast<int>(rest % params.seqlen_k);
-            const int batch = static_cast<int>(rest / params.seqlen_k);
+            const int batch = static_cast<int>(static_cast<unsigned>(row) / params.seqlen_k);
+            const int r = row - batch * params.seqlen_k;
             base = ((static_cast<int64_t>(batch) * params.h + kv_head * ratio) *
-                        params.seqlen_k_rounded + row) * HeadDim + c;
-            k_index = batch * params.dk_batch_stride + row * params.dk_row_stride +
-                      kv_head * params.dk_head_stride + c;
-            v_index = batch * params.dv_batch_stride + row * params.dv_row_stride +
-                      kv_head * params.dv_head_stride + c;
+                        params.seqlen_k_rounded + r) * HeadDim + col;
+            k_index = batch * params.dk_batch_stride + r * params.dk_row_stride +
+                      kv_head * params.dk_head_stride + col;
+            v_index = batch * params.dv_batch_stride + r * params.dv_row_stride +
+                      kv_head * params.dv_head_stride + col;
         }
-        float sk = 0.f, sv = 0.f;
+        float sk[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        float sv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int g = 0; g < ratio; ++g) {
-            sk += acc_k[base + g * head_stride];
-            sv += acc_v[base + g * head_stride];
+            add_8_floats<HeadDim>(sk, acc_k + base + g * head_stride);
+            add_8_floats<HeadDim>(sv, acc_v + base + g * head_stride);
         }
-        dk[k_index] = from_float<Element>(sk * params.scale_softmax);
-        dv[v_index] = from_float<Element>(sv);
+        store_8_scaled(dk + k_index, sk, params.scale_softmax);
+        store_8_scaled(dv + v_index, sv, 1.f);
     }
 }
 

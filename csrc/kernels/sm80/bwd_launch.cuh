@@ -2,11 +2,12 @@
 // csrc/instantiations/bwd_hdim*_sm80.cu files, one (Element, HeadDim, Causal) each; softcap and
 // ALiBi become template flags here (launch_bwd_kernel), as in fwd_launch.cuh.
 // The caller (flash_api.cpp) provides, fixed length: dq_accum_ptr zeroed fp32
-// (splits, b, h, seqlen_q_rounded, HeadDim); dk_accum_ptr / dv_accum_ptr fp32
-// (b, h, seqlen_k_rounded, HeadDim); dsoftmax_sum fp32 (b, h, seqlen_q_rounded);
+// (splits, b, h, seqlen_q_rounded, HeadDim); unless dkv_direct (MHA), dk_accum_ptr /
+// dv_accum_ptr fp32 (b, h, seqlen_k_rounded, HeadDim); dsoftmax_sum fp32 (b, h, seqlen_q_rounded);
 // seqlen_*_rounded multiples of 128. Varlen (cu_seqlens_q / cu_seqlens_k, total_q, total_k,
 // seqlen_q / seqlen_k = the max lengths): dq_accum zeroed (splits, h, total_q, HeadDim), dk / dv
-// workspaces (h, total_k, HeadDim), dsoftmax_sum (h, total_q). splits = num_splits when
+// workspaces (h, total_k, HeadDim) unless dkv_direct (then dk / dv zeroed: packed rows of no
+// sequence), dsoftmax_sum (h, total_q). dq / dk / dv contiguous, d a multiple of 8. splits = num_splits when
 // deterministic (dq_accum_split_stride floats apart), else 1. Dropout (p_keep < 1) is a template
 // flag of the main kernel, compiled without softcap / ALiBi only (the host routes dropout with
 // those, varlen or deterministic to the reference), which keeps the build small.
@@ -113,21 +114,21 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
             sm80::launch_bwd_kernel<Element, Traits, Causal, false, false, false>(params, stream);
         }
     }
+    // Postprocess: one thread per 8 head-dim columns of a (row, head); grid (row chunks, heads).
+    constexpr int kChunks = HeadDim / 8;
     {
         const int64_t rows = varlen ? params.total_q : static_cast<int64_t>(params.b) * params.seqlen_q;
-        const int64_t n = rows * params.h * params.d;
-        if (n > 0) {
-            sm80::mha_bwd_convert_dq_kernel<Element, HeadDim>
-                <<<blocks_for(n), 256, 0, stream>>>(params);
+        if (rows > 0) {
+            const dim3 grid(blocks_for(rows * kChunks), params.h);
+            sm80::mha_bwd_convert_dq_kernel<Element, HeadDim><<<grid, 256, 0, stream>>>(params);
             FLASH_CUDA_CHECK_LAUNCH();
         }
     }
-    {
+    if (!params.dkv_direct) {  // GQA: sum the per-query-head dk / dv workspaces
         const int64_t rows = varlen ? params.total_k : static_cast<int64_t>(params.b) * params.seqlen_k;
-        const int64_t n = rows * params.h_k * params.d;
-        if (n > 0) {
-            sm80::mha_bwd_convert_dkv_kernel<Element, HeadDim>
-                <<<blocks_for(n), 256, 0, stream>>>(params);
+        if (rows > 0) {
+            const dim3 grid(blocks_for(rows * kChunks), params.h_k);
+            sm80::mha_bwd_convert_dkv_kernel<Element, HeadDim><<<grid, 256, 0, stream>>>(params);
             FLASH_CUDA_CHECK_LAUNCH();
         }
     }

@@ -31,6 +31,7 @@
 #include "kernels/params.h"
 #include "kernels/ptx.cuh"
 #include "kernels/sm80/bwd.cuh"
+#include "kernels/sm80/bwd_dkv_store.cuh"
 #include "kernels/sm80/tile_io.cuh"
 #include "kernels/sm80/warp_gemm.cuh"
 
@@ -528,29 +529,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // A key block without query blocks still has K / V in flight.
         ptx::cp_async_wait<0>();
 
-        // dK, dV (fp32, unscaled) -> per-query-head workspace rows of the block's valid keys.
-        const int key_row = g_row0 + lane / 4;  // in the block
-        const int64_t ws_offset =
-            (BwdSequence::make(params, ptx::opaque(batch), head).kv_row0 + n0 + key_row) *
-                kHeadDim +
-            g_col0 + 2 * (lane % 4);
-        float* dk_ws = reinterpret_cast<float*>(params.dk_accum_ptr) + ws_offset;
-        float* dv_ws = reinterpret_cast<float*>(params.dv_accum_ptr) + ws_offset;
-#pragma unroll
-        for (int mt = 0; mt < kGMTiles; ++mt) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                if (key_row + 16 * mt + 8 * half >= valid_keys) continue;
-                const int64_t row_off = (16 * mt + 8 * half) * kHeadDim;
-#pragma unroll
-                for (int nt = 0; nt < kGNTiles; ++nt) {
-                    *reinterpret_cast<float2*>(dk_ws + row_off + 8 * nt) =
-                        make_float2(acc_dk[mt][nt][2 * half], acc_dk[mt][nt][2 * half + 1]);
-                    *reinterpret_cast<float2*>(dv_ws + row_off + 8 * nt) =
-                        make_float2(acc_dv[mt][nt][2 * half], acc_dv[mt][nt][2 * half + 1]);
-                }
-            }
-        }
+        store_dk_dv<Element, kHeadDim, true, true>(
+            params, batch, head, BwdSequence::make(params, ptx::opaque(batch), head).kv_row0, n0,
+            g_row0, g_col0, lane, valid_keys, acc_dk, acc_dv);
     }
 }
 

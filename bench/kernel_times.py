@@ -1,0 +1,167 @@
+"""Where the GPU time of one attention call goes, kernel by kernel: flash_cuda against SDPA's
+FLASH (FlashAttention-2) and cuDNN backends on the same inputs, from torch.profiler's CUDA
+activity (kernel durations, no launch gaps). Not the benchmark (bench_attention.py is): this
+explains its ratios.
+
+    PYTHONPATH=. python3 bench/kernel_times.py --prefill 128,1024,causal --prefill 128,16384
+    PYTHONPATH=. python3 bench/kernel_times.py --decode 1,1024 --decode 8,8192
+    PYTHONPATH=. python3 bench/kernel_times.py --eager 1,1024
+
+--prefill d,seqlen[,causal]: bf16, batch x seqlen = 16384 tokens, hidden 2048 (ANCHORS grid),
+forward + backward. --decode b,kv_len: one query token, 32/8 heads, d128, bf16 KV cache.
+Per case and implementation: each kernel's mean time per call (us), calls per call, and the sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flash_cuda
+
+REPS = 10
+PEERS = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def kernel_table(fn, reps=REPS):
+    """{kernel name: (total us per call, launches per call)} over `reps` profiled calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times, counts = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            times[e.name] += e.device_time
+            counts[e.name] += 1
+    return {k: (times[k] / reps, counts[k] / reps) for k in times}
+
+
+def short(name: str, width: int = 90) -> str:
+    name = name.replace("flash_cuda::", "").replace("void ", "")
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def show(title, tables):
+    print(f"\n### {title}")
+    for impl, table in tables.items():
+        total = sum(t for t, _ in table.values())
+        print(f"{impl}: {total:.1f} us of kernels per call")
+        for name, (t, n) in sorted(table.items(), key=lambda kv: -kv[1][0]):
+            print(f"    {t:9.1f} us  x{n:g}  {short(name)}")
+
+
+def prefill(d, seqlen, causal):
+    h, b = 2048 // d, 16384 // seqlen
+    q, k, v = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    dout = torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.bfloat16)
+
+    def fc():
+        flash_cuda.flash_attn_func(q, k, v, causal=causal).backward(dout)
+
+    def peer(backend):
+        qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
+        dt = dout.transpose(1, 2)
+
+        def run():
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).backward(dt)
+        return run
+
+    tables = {"flash_cuda": kernel_table(fc)}
+    for name, backend in PEERS.items():
+        with contextlib.suppress(RuntimeError):
+            tables[name] = kernel_table(peer(backend))
+    show(f"fwd+bwd d{d} s{seqlen} b{b} h{h}{' causal' if causal else ''}", tables)
+
+
+def decode(b, kv):
+    hq, hkv, d = 32, 8, 128
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(b, kv, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.full((b,), kv, dtype=torch.int32, device="cuda")
+    tables = {"flash_cuda": kernel_table(
+        lambda: flash_cuda.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens))}
+    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+    for name, backend in PEERS.items():
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        with contextlib.suppress(RuntimeError):
+            tables[name] = kernel_table(run)
+    show(f"decode b{b} kv{kv} h{hq}/{hkv} d{d}", tables)
+
+
+def eager(b, kv, calls=200):
+    """Host cost of an eager decode call: wall time per call for back-to-back calls (no sync
+    between), flash_cuda with and without the value checks (FLASH_CUDA_CHECK_VALUES), then the
+    CPU-side operators of one flash_cuda call."""
+    import os
+    import time
+    hq, hkv, d = 32, 8, 128
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(b, kv, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.full((b,), kv, dtype=torch.int32, device="cuda")
+    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+
+    def fc():
+        flash_cuda.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+
+    def per_call(fn):
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    print(f"\n### eager decode b{b} kv{kv} h{hq}/{hkv} d{d}: wall us per call, {calls} calls")
+    for checks in ("1", "0"):
+        os.environ["FLASH_CUDA_CHECK_VALUES"] = checks
+        print(f"flash_cuda FLASH_CUDA_CHECK_VALUES={checks}: {per_call(fc):.1f}")
+    os.environ["FLASH_CUDA_CHECK_VALUES"] = "1"
+    for name, backend in PEERS.items():
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        with contextlib.suppress(RuntimeError):
+            print(f"{name}: {per_call(run):.1f}")
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(20):
+            fc()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14, max_name_column_width=60))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prefill", action="append", default=[], help="d,seqlen[,causal]")
+    p.add_argument("--decode", action="append", default=[], help="batch,kv_len")
+    p.add_argument("--eager", action="append", default=[], help="batch,kv_len (host cost)")
+    args = p.parse_args()
+    for spec in args.prefill:
+        parts = spec.split(",")
+        prefill(int(parts[0]), int(parts[1]), len(parts) > 2 and parts[2] == "causal")
+    for spec in args.decode:
+        b, kv = (int(x) for x in spec.split(","))
+        decode(b, kv)
+    for spec in args.eager:
+        b, kv = (int(x) for x in spec.split(","))
+        eager(b, kv)
+
+
+if __name__ == "__main__":
+    main()
