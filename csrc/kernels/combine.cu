@@ -4,32 +4,11 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/combine.cuh"
 #include "kernels/launch.h"
 
 namespace flash_cuda {
-
-namespace {
-
-// FLASH_CUDA_DECODE_PDL=1 (read once; A/B switch) on a device of compute capability >= 9.0.
-bool programmatic_launch_enabled() {
-    static const bool requested = [] {
-        const char* env = std::getenv("FLASH_CUDA_DECODE_PDL");
-        return env != nullptr && std::strcmp(env, "1") == 0;
-    }();
-    if (!requested) return false;
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-        return false;
-    }
-    return major >= 9;
-}
-
-}  // namespace
 
 template <typename Element>
 void run_combine_splits(const FwdParams& params, cudaStream_t stream) {
@@ -44,21 +23,8 @@ void run_combine_splits(const FwdParams& params, cudaStream_t stream) {
                       params.o_head_stride % 4 == 0;
     const auto kernel = vec4 ? &combine::combine_splits_kernel<Element, true>
                              : &combine::combine_splits_kernel<Element, false>;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(blocks));
-    config.blockDim = dim3(combine::kWarpsPerBlock * 32);
-    config.dynamicSmemBytes = combine::kSmemBytes;
-    config.stream = stream;
-    // Programmatic dependent launch (sm_90+): the combine starts while the split kernel's CTAs
-    // finish and waits in-kernel (griddepcontrol.wait) for their partials.
-    cudaLaunchAttribute attribute = {};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    if (programmatic_launch_enabled()) {
-        config.attrs = &attribute;
-        config.numAttrs = 1;
-    }
-    cudaLaunchKernelEx(&config, kernel, params);
+    kernel<<<static_cast<unsigned>(blocks), combine::kWarpsPerBlock * 32, combine::kSmemBytes,
+             stream>>>(params);
     FLASH_CUDA_CHECK_LAUNCH();
 }
 

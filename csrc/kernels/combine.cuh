@@ -62,9 +62,6 @@ __device__ __forceinline__ void store4(Element* out, float4 v) {
 template <typename Element, bool kVec4>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     combine_splits_kernel(const FwdParams params) {
-    // Launched as a programmatic dependent of the split kernel (combine.cu): its partials are
-    // complete and visible only after this wait.
-    ptx::griddep_wait();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float* weights = reinterpret_cast<float*>(ptx::dynamic_smem()) + warp * kMaxSplits;
     const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;

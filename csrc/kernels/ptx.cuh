@@ -141,22 +141,6 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&acc)[4], const 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Programmatic dependent launch (griddepcontrol, sm_90+; no-ops before). A grid launched after
-// this one with cudaLaunchAttributeProgrammaticStreamSerialization may start once every CTA of
-// this grid has run launch_dependents (or exited); it must run wait before it reads anything
-// this grid writes: wait returns when this grid has completed and its memory is visible.
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 // red.global.add.v2.f32 (sm_90+; PTX ISA 8.1): addr[0] += a, addr[1] += b as one vector
 // reduction (no return value; addr 8-byte aligned, in global memory). One request per 8 bytes
 // instead of two scalar ones: a warp's 32 lanes update whole 32-byte sectors. Before sm_90:

@@ -445,11 +445,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
-    // Split-KV: the combine kernel may be launched now (combine.cu, programmatic dependent
-    // launch); it waits for this grid's completion before reading the partials.
-    if constexpr (Traits::kSplitKV) {
-        if (params.num_splits > 1) ptx::griddep_launch_dependents();
-    }
     // Grid coordinates (block_coords: the decode tile orders heads first and has the splits).
     const BlockCoords coords = block_coords<Traits>(params);
     const int split = coords.split;

@@ -140,10 +140,6 @@ inline void mma_16816(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint
     for (int i = 0; i < 4; ++i) acc[i] = out[i];
 }
 
-// griddepcontrol: the emulator runs grids one after the other (nothing to wait for).
-inline void griddep_launch_dependents() {}
-inline void griddep_wait() {}
-
 // red.global.add.v2.f32 / two atomicAdd: two fp32 atomic adds (block threads run concurrently).
 // The vector form needs an 8-byte aligned address.
 inline void red_add_f32x2(float* addr, float a, float b) {
