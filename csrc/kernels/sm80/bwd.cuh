@@ -62,9 +62,9 @@
 #include "kernels/sm80/warp_gemm.cuh"
 
 // Head dims from which the main kernel makes two passes per key block (BwdTraits::kTwoPass:
-// dV first, then dK and dQ); default 224 (d224, d256). 192 adds d192 (spill-free then too, but
-// +43% loop instructions against 5-12 spilled words per iteration: predicted slower), a value
-// above 256 turns the two passes off. For A/B timing.
+// dV first, then dK and dQ); default 224 (d224, d256). 192 adds d192: spill-free then, but
+// measured 3-5% slower fwd+bwd than one pass with its 136-192 B of spills (bench/NOTES.md run
+// 22). A value above 256 turns the two passes off. For A/B timing.
 #ifndef FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM
 #define FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM 224
 #endif
@@ -91,7 +91,7 @@ struct BwdTraits {
     // (and dQ). One HeadDim-wide accumulator per thread instead of two (d256: 128 fp32
     // registers instead of 256; one pass spilled 0.5-1.2 KB per thread there), for one extra
     // S^T GEMM (6 GEMMs per query block instead of 5) and a second read of Q, dO, lse.
-    // d160 (spill-free with one pass) and d192 (5-12 spilled words per iteration) keep one.
+    // d160 and d192 keep one pass (d192 spills 136-192 B and is still faster than two, run 22).
     static constexpr bool kTwoPass = HeadDim >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM;
     static constexpr int kKeyTiles = BlockN / (16 * NWarps);
     static constexpr int kDTiles = HeadDim / 8;
