@@ -13,7 +13,8 @@
 //   M = max_w m_w,  c_w = 2^((m_w - M) log2_scale)  (0 where warp w saw no key: m_w = -inf;
 //   all c_w = 0 for a row no warp saw a key of),  l = sum_w c_w l_w,  O = sum_w c_w O_w,
 // into warp 0's registers, which then runs the usual epilogue (fwd.cuh store_output: split-KV
-// fp32 partials or the final output and lse) for the 16 rows; warps 1-3 only join its barrier.
+// fp32 partials or the final output and lse) for the 16 rows; warps 1-3 only join its barrier
+// and its 16-byte stores.
 // The warp with the max has c_w = 2^0 = 1 exactly, so a row with one visible key stays exact.
 //
 // Everything else of fwd.cuh's kernel is unchanged: masks, ALiBi and softcap take the warp's
@@ -47,6 +48,10 @@ struct FwdKeySplitTraits {
     static constexpr bool kPackGQA = true;
     static constexpr bool kSkipIdleWarps = false;  // every warp has keys to work on
     static constexpr bool kKeySplit = true;
+    // Every warp multiplies the same 16 Q rows with each of its key slices: at d <= 128 the
+    // warp keeps Q's A fragments in registers (kHeadDim / 4 registers) from the first block on,
+    // instead of re-reading the Q tile with ldmatrix every block.
+    static constexpr bool kQInRegisters = HeadDim <= 128;
 
     static constexpr int kWarpRows = kBlockM;             // every warp computes all 16 rows
     static constexpr int kWarpKeys = kBlockN / kNWarps;   // ... of its own keys of each block
@@ -111,69 +116,116 @@ struct FwdDecodeKeySplitConfig {
     using Traits = FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim)>;
 };
 
+// The 16-row Q tile's A fragments (ldmatrix layout of warp_gemm.cuh), held by each warp of the
+// key-split tile through the key loop (Traits::kQInRegisters); an empty struct for other tiles.
+template <typename Traits, bool = Traits::kKeySplit && Traits::kQInRegisters>
+struct KeySplitQFragments {};
+template <typename Traits>
+struct KeySplitQFragments<Traits, true> {
+    using QTile = typename Traits::QTile;
+    static constexpr int kKSteps = Traits::kHeadDim / 16;
+    uint32_t a[kKSteps][4];
+
+    __device__ __forceinline__ void load(uint32_t q_smem, int lane) {
+        const uint32_t q_base = q_smem + QTile::byte_offset(lane % 16, 8 * (lane / 16));
+        static_for_each<kKSteps>([&](auto ks) {
+            ptx::ldmatrix_x4(a[ks], QTile::template stepped<0, 16 * ks>(q_base));
+        });
+    }
+};
+
+// acc[1][kNTiles][4] += Q * K_slice^T with Q from registers (warp_gemm_qk otherwise);
+// k_smem: the warp's first key row of one K tile.
+template <typename Element, typename Traits>
+__device__ __forceinline__ void keysplit_gemm_qk(float (&acc)[1][Traits::kNTiles][4],
+                                                 const KeySplitQFragments<Traits>& q,
+                                                 uint32_t k_smem, int lane) {
+    using KTile = typename Traits::KVTile;
+    lane = ptx::opaque(lane);
+    const uint32_t k_base =
+        k_smem + KTile::byte_offset(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
+    static_for_each<Traits::kHeadDim / 16>([&](auto ks) {
+        static_for_each<Traits::kNTiles / 2>([&](auto np) {
+            uint32_t b[4];
+            ptx::ldmatrix_x4(b, KTile::template stepped<16 * np, 16 * ks>(k_base));
+            ptx::mma_16816<Element>(acc[0][2 * np], q.a[ks], b[0], b[1]);
+            ptx::mma_16816<Element>(acc[0][2 * np + 1], q.a[ks], b[2], b[3]);
+        });
+    });
+}
+
 // End of the key loop of the key-split tile: merges the 4 warps' (m, l, O) into warp 0's
 // `softmax` and `acc_o` (see the header). Called by all threads of the CTA; `merge_smem` is the
-// start of the K/V buffers (every cp.async group has been waited for). Three barriers.
+// start of the K/V buffers (every cp.async group has been waited for). Two barriers: warps 1-3
+// publish their raw (m, l, O), then warp 0 computes the scales of all four and sums.
 template <typename Traits>
 __device__ __forceinline__ void keysplit_merge_warps(
     float (&acc_o)[1][Traits::kDTiles][4], OnlineSoftmax<1>& softmax, float log2_scale,
     unsigned char* merge_smem, int warp, int lane) {
     constexpr int kDTiles = Traits::kDTiles;
-    float* stat_max = reinterpret_cast<float*>(merge_smem);               // [warp][half][lane]
-    float* stat_sum = stat_max + Traits::kNWarps * 2 * 32;                // [warp][half][lane]
+    constexpr int kWarps = Traits::kNWarps;
+    float* stat_max = reinterpret_cast<float*>(merge_smem);  // [warp][half][lane]
+    float* stat_sum = stat_max + kWarps * 2 * 32;             // [warp][half][lane]
     float4* o_part = reinterpret_cast<float4*>(merge_smem + Traits::kMergeStatsBytes);
-    // [warp - 1][dt][lane]
+    auto part = [&](int w, int dt) -> float4& { return o_part[((w - 1) * kDTiles + dt) * 32 + lane]; };
 
     __syncthreads();  // every warp is done with the last block's K and V tiles
+    if (warp != 0) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        stat_max[(warp * 2 + half) * 32 + lane] = softmax.row_max[0][half];
-    }
-    __syncthreads();
-    float scale[2];
+        for (int half = 0; half < 2; ++half) {
+            stat_max[(warp * 2 + half) * 32 + lane] = softmax.row_max[0][half];
+            stat_sum[(warp * 2 + half) * 32 + lane] = softmax.row_sum[0][half];
+        }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        float m = stat_max[half * 32 + lane];
-#pragma unroll
-        for (int w = 1; w < Traits::kNWarps; ++w) m = fmaxf(m, stat_max[(w * 2 + half) * 32 + lane]);
-        const float own = softmax.row_max[0][half];
-        // 0 where this warp saw no key of the row (then its l and O are 0 too); 1 for the max.
-        scale[half] = own == -INFINITY ? 0.f : ptx::exp2_approx((own - m) * log2_scale);
-        softmax.row_max[0][half] = m;
-        softmax.row_sum[0][half] *= scale[half];
-        stat_sum[(warp * 2 + half) * 32 + lane] = softmax.row_sum[0][half];
-    }
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) {
-        acc_o[0][dt][0] *= scale[0];
-        acc_o[0][dt][1] *= scale[0];
-        acc_o[0][dt][2] *= scale[1];
-        acc_o[0][dt][3] *= scale[1];
-        if (warp != 0) {
-            o_part[((warp - 1) * kDTiles + dt) * 32 + lane] =
+        for (int dt = 0; dt < kDTiles; ++dt) {
+            part(warp, dt) =
                 make_float4(acc_o[0][dt][0], acc_o[0][dt][1], acc_o[0][dt][2], acc_o[0][dt][3]);
         }
     }
     __syncthreads();
-    if (warp == 0) {
+    if (warp != 0) return;
+    // Scale of warp w's state: 2^((m_w - M) log2_scale); 0 where warp w saw no key of the row
+    // (its l and O are 0 then), and for every warp when none did (M = -inf: l stays 0, so the
+    // epilogue writes out = 0, lse = +inf); exactly 1 for the warp holding the max.
+    auto scale_of = [&](float m_w, float m) {
+        return m_w == -INFINITY ? 0.f : ptx::exp2_approx((m_w - m) * log2_scale);
+    };
+    float scale[kWarps][2];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float l = softmax.row_sum[0][half];
+    for (int half = 0; half < 2; ++half) {
+        float m_w[kWarps];
+        m_w[0] = softmax.row_max[0][half];
+        float m = m_w[0];
 #pragma unroll
-            for (int w = 1; w < Traits::kNWarps; ++w) l += stat_sum[(w * 2 + half) * 32 + lane];
-            softmax.row_sum[0][half] = l;
+        for (int w = 1; w < kWarps; ++w) {
+            m_w[w] = stat_max[(w * 2 + half) * 32 + lane];
+            m = fmaxf(m, m_w[w]);
+        }
+        float l = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            scale[w][half] = scale_of(m_w[w], m);
+            const float l_w = w == 0 ? softmax.row_sum[0][half] : stat_sum[(w * 2 + half) * 32 + lane];
+            l = fmaf(l_w, scale[w][half], l);
+        }
+        softmax.row_max[0][half] = m;
+        softmax.row_sum[0][half] = l;
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = acc_o[0][dt][e] * scale[0][e / 2];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) {
+            const float4 p = part(w, dt);
+            o[0] = fmaf(p.x, scale[w][0], o[0]);
+            o[1] = fmaf(p.y, scale[w][0], o[1]);
+            o[2] = fmaf(p.z, scale[w][1], o[2]);
+            o[3] = fmaf(p.w, scale[w][1], o[3]);
         }
 #pragma unroll
-        for (int w = 1; w < Traits::kNWarps; ++w) {
-#pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-                const float4 part = o_part[((w - 1) * kDTiles + dt) * 32 + lane];
-                acc_o[0][dt][0] += part.x;
-                acc_o[0][dt][1] += part.y;
-                acc_o[0][dt][2] += part.z;
-                acc_o[0][dt][3] += part.w;
-            }
-        }
+        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = o[e];
     }
 }
 

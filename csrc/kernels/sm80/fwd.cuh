@@ -654,6 +654,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // [warp_key0, warp_key0 + kWarpKeys) of every block (rows of the K/V tiles).
     const int warp_row0 = Traits::kKeySplit ? 0 : warp * Traits::kWarpRows;
     const int warp_key0 = Traits::kKeySplit ? warp * Traits::kWarpKeys : 0;
+    [[maybe_unused]] KeySplitQFragments<Traits> q_regs;  // key-split tile, d <= 128
 
     // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid rows
     // (1..g real rows of 64 in a decode step) only issues its share of the K/V copies and joins
@@ -697,10 +698,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
             }
         }
-        warp_gemm_qk<Element, WarpGemm>(acc_s, smem_q,
-                                        smem_k + slot * Traits::kSmemKVTileBytes +
-                                            Traits::kv_row_byte_offset(warp_key0),
-                                        warp_row0, lane);
+        const uint32_t k_tile =
+            smem_k + slot * Traits::kSmemKVTileBytes + Traits::kv_row_byte_offset(warp_key0);
+        if constexpr (Traits::kKeySplit && Traits::kQInRegisters) {
+            if (it == 0) q_regs.load(smem_q, lane);  // Q landed with K of the first block
+            keysplit_gemm_qk<Element, Traits>(acc_s, q_regs, k_tile, lane);
+        } else {
+            warp_gemm_qk<Element, WarpGemm>(acc_s, smem_q, k_tile, warp_row0, lane);
+        }
 
         if constexpr (HasSoftcap) apply_softcap(acc_s, softcap_pre_scale);
         // Query row and key of s[0][0][0]. (Opaque: per-row values derived from it are computed

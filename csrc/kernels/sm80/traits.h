@@ -40,6 +40,7 @@ struct FwdTraits {
     static constexpr bool kSkipIdleWarps = false;
     // Warps split the keys of a block instead of the rows: decode_keysplit.cuh's tile only.
     static constexpr bool kKeySplit = false;
+    static constexpr bool kQInRegisters = false;
 
     static constexpr int kWarpRows = kBlockM / kNWarps;
     static constexpr int kWarpKeys = kBlockN;       // keys of a block each warp computes
