@@ -231,3 +231,18 @@ def test_short_query_fwd_emulated(feature, keysplit):
 
 
 FEATURE_SEEDS = {"plain": 1, "causal": 2, "window": 3, "softcap": 4, "alibi": 5}
+
+
+def test_keysplit_switch_leaves_dropout_on_decode64_emulated():
+    """Dropout calls keep the 64-row decode tile with FLASH_CUDA_DECODE_KEYSPLIT=1 (the key-split
+    tile has no dropout code): bitwise the same output as with the switch off."""
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 5, 2, 128, generator=gen).to(torch.bfloat16)
+    k = torch.randn(2, 77, 2, 128, generator=gen).to(torch.bfloat16)
+    v = torch.randn(2, 77, 2, 128, generator=gen).to(torch.bfloat16)
+    runs = []
+    for keysplit in (False, True):
+        runs.append(run_fwd_emulated(q, k, v, causal=True, dropout_p=0.3, rng_state=(123, 8),
+                                     keysplit=keysplit))
+        assert "key-split decode tile" not in driver.LAST_STDOUT
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
