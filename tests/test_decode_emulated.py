@@ -94,24 +94,31 @@ KEYSPLIT_CASES = [
      dict(num_splits=2, window=(5, 0), pack_gqa=True)),
     ("ks-d128-sq3-g4-window2-empty-rows", torch.bfloat16, 128, 2, 8, 2, 3, 128, None, [2, 127],
      dict(num_splits=1, causal=True, window=(2, 0), pack_gqa=True)),
+    # 17..32 rows: the 32-row key-split tile (2 row slices x 2 key slices).
+    ("ks32-mqa-32x1-split3", torch.bfloat16, 128, 1, 32, 1, 1, 256, None, [201],
+     dict(num_splits=3, pack_gqa=True)),
+    ("ks32-sq5-g4-causal-paged16-empty-rows", torch.float16, 64, 2, 8, 2, 5, 192, 16, [190, 3],
+     dict(num_splits=2, causal=True, pack_gqa=True)),
+    ("ks32-d256-sq2-g12-window-split2", torch.bfloat16, 256, 1, 12, 1, 2, 160, None, [150],
+     dict(num_splits=2, window=(20, 0), pack_gqa=True)),
 ]
 
 
 def keysplit_qualifies(case):
     """Whether the key-split tile runs a case (kernels/decode.h uses_keysplit_tile, and a head
-    dim with the tile compiled in): at most 16 tile rows after GQA packing."""
+    dim with the tile compiled in): at most 32 tile rows after GQA packing."""
     _, _, d, _, h, hk, sq, _, _, _, extra = case
     if kernel_head_dim(d + (-d) % 8) not in (64, 128, 256):
         return False
     packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
-    return sq * (h // hk if packed else 1) <= 16
+    return sq * (h // hk if packed else 1) <= 32
 
 
 @pytest.mark.parametrize("keysplit", (False, True), ids=("decode64", "keysplit"))
 @pytest.mark.parametrize("case", CASES + KEYSPLIT_CASES, ids=lambda c: c[0])
 def test_decode_emulated(case, keysplit):
     if keysplit and not keysplit_qualifies(case):
-        pytest.skip("the key-split tile does not take this case (more than 16 rows or head dim)")
+        pytest.skip("the key-split tile does not take this case (more than 32 rows or head dim)")
     name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
     gen = torch.Generator().manual_seed(hash(name) % 2**31)
     cache_batch = extra.get("cache_batch", b)
@@ -216,8 +223,8 @@ def test_short_query_fwd_emulated(feature, keysplit):
     from test_fwd_gpu import feature_options
     rng = random.Random(FEATURE_SEEDS[feature])
     gen = torch.Generator().manual_seed(FEATURE_SEEDS[feature])
-    # keysplit: (17, 203, 128) still takes the 64-row tile (17 rows); (1, 239, 64) and
-    # (16, 203, 256) take the key-split tile.
+    # keysplit: (17, 203, 128) takes the 32-row key-split tile, (1, 239, 64) and (16, 203, 256)
+    # the 16-row one.
     shapes = ((17, 203, 128), (1, 239, 64)) + (((16, 203, 256),) if keysplit else ())
     for (sq, sk, d) in shapes:
         b, h, hk = 2, 4, 2
@@ -226,7 +233,7 @@ def test_short_query_fwd_emulated(feature, keysplit):
         v = torch.randn(b, sk, hk, d, generator=gen).half()
         opts = feature_options(feature, sq, sk, b, h, rng, device="cpu")
         out, lse = run_fwd_emulated(q, k, v, keysplit=keysplit, **opts)
-        assert ("key-split decode tile" in driver.LAST_STDOUT) == (keysplit and sq <= 16)
+        assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
         assert_close_to_oracle(out, lse, q, k, v, **opts)
 
 

@@ -96,9 +96,14 @@ void run(FwdParams& params) {
         // The opt-in key-split tile (FLASH_CUDA_DECODE_KEYSPLIT=1, as the launcher).
         if constexpr (kHasKeySplitTile<EMU_HEAD_DIM>) {
             if (flash_cuda::decode::uses_keysplit_tile(params)) {
-                std::printf("emulator: key-split decode tile\n");
-                run_traits<Element, typename FwdDecodeKeySplitConfig<EMU_HEAD_DIM>::Traits,
-                           Causal>(params);
+                using Config = FwdDecodeKeySplitConfig<EMU_HEAD_DIM>;
+                if (flash_cuda::decode::keysplit_rows(params) <= 16) {
+                    std::printf("emulator: key-split decode tile, 16 rows\n");
+                    run_traits<Element, typename Config::Traits, Causal>(params);
+                } else {
+                    std::printf("emulator: key-split decode tile, 32 rows\n");
+                    run_traits<Element, typename Config::Traits32, Causal>(params);
+                }
                 return;
             }
         }

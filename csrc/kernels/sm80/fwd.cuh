@@ -337,10 +337,10 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
         params, SequenceInfo::make(params, batch), batch, head, m0, Traits::kBlockM);
     const int tid = ptx::thread_index_fresh();
     const int lane = tid % 32;
-    // Key-split tile (decode_keysplit.cuh): warp 0 holds the merged rows; the others only join
-    // the barrier and the 16-byte stores.
-    const int warp_row0 = Traits::kKeySplit ? 0 : (tid / 32) * Traits::kWarpRows;
-    const bool owns_rows = !Traits::kKeySplit || tid < 32;
+    // Key-split tile (decode_keysplit.cuh): the first warp of each row slice holds the merged
+    // rows; the others only join the barrier and the 16-byte stores.
+    const int warp_row0 = (tid / 32 / Traits::kKeySlices) * Traits::kWarpRows;
+    const bool owns_rows = (tid / 32) % Traits::kKeySlices == 0;
 
     float lse[kMTiles][2];
     softmax.finalize(acc_o, lse, log2_scale);
@@ -650,10 +650,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
     OnlineSoftmax<kMTiles> softmax;
     softmax.init();
-    // In the tile; the key-split tile's warps all compute rows 0..15, each on its own keys
-    // [warp_key0, warp_key0 + kWarpKeys) of every block (rows of the K/V tiles).
-    const int warp_row0 = Traits::kKeySplit ? 0 : warp * Traits::kWarpRows;
-    const int warp_key0 = Traits::kKeySplit ? warp * Traits::kWarpKeys : 0;
+    // In the tile. The key-split tile's kKeySlices warps of a 16-row slice compute its rows, each
+    // on its own keys [warp_key0, warp_key0 + kWarpKeys) of every block (K/V tile rows).
+    const int warp_row0 = (warp / Traits::kKeySlices) * Traits::kWarpRows;
+    const int warp_key0 = (warp % Traits::kKeySlices) * Traits::kWarpKeys;
     [[maybe_unused]] KeySplitQFragments<Traits> q_regs;  // key-split tile, d <= 128
 
     // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid rows
@@ -701,7 +701,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const uint32_t k_tile =
             smem_k + slot * Traits::kSmemKVTileBytes + Traits::kv_row_byte_offset(warp_key0);
         if constexpr (Traits::kKeySplit && Traits::kQInRegisters) {
-            if (it == 0) q_regs.load(smem_q, lane);  // Q landed with K of the first block
+            if (it == 0) q_regs.load(smem_q, warp_row0, lane);  // Q landed with K of block 0
             keysplit_gemm_qk<Element, Traits>(acc_s, q_regs, k_tile, lane);
         } else {
             warp_gemm_qk<Element, WarpGemm>(acc_s, smem_q, k_tile, warp_row0, lane);

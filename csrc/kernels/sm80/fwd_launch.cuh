@@ -145,12 +145,19 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
 #endif
         using Decode = typename sm80::FwdDecodeConfig<HeadDim>::Traits;
         // Opt-in key-split tile (decode_keysplit.cuh; FLASH_CUDA_DECODE_KEYSPLIT=1) for tiles of
-        // at most 16 rows; dropout stays on the 64-row decode tile.
+        // at most 16 rows (4 key slices) or 32 rows (2 x 2); dropout stays on the 64-row tile.
         if constexpr (sm80::kHasKeySplitTile<HeadDim>) {
             if (decode::uses_keysplit_tile(params)) {
-                using KeySplit = typename sm80::FwdDecodeKeySplitConfig<HeadDim>::Traits;
-                sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(params,
-                                                                                       stream);
+                using KeySplitConfig = sm80::FwdDecodeKeySplitConfig<HeadDim>;
+                if (decode::keysplit_rows(params) <= 16) {
+                    using KeySplit = typename KeySplitConfig::Traits;
+                    sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(
+                        params, stream);
+                } else {
+                    using KeySplit = typename KeySplitConfig::Traits32;
+                    sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(
+                        params, stream);
+                }
                 return;
             }
         }

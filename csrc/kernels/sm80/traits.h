@@ -43,6 +43,7 @@ struct FwdTraits {
     static constexpr bool kQInRegisters = false;
 
     static constexpr int kWarpRows = kBlockM / kNWarps;
+    static constexpr int kKeySlices = 1;            // warps per row slice (key-split tile: > 1)
     static constexpr int kWarpKeys = kBlockN;       // keys of a block each warp computes
     static constexpr int kMTiles = kWarpRows / 16;  // 16-row slices per warp
     static constexpr int kNTiles = kBlockN / 8;     // 8-column tiles of S per slice
