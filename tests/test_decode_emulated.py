@@ -19,7 +19,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
 
-from driver import CUDA_INCLUDE, run_fwd_emulated  # noqa: E402
+import driver  # noqa: E402
+from driver import CUDA_INCLUDE, kernel_head_dim, run_fwd_emulated  # noqa: E402
 from test_fwd_gpu import assert_close_to_oracle  # noqa: E402
 
 pytestmark = [
@@ -79,8 +80,45 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_decode_emulated(case):
+# Cases for the key-split decode tile (kernels/sm80/decode_keysplit.cuh; all run with both tiles):
+# d256 (2 stages), exactly 16 packed rows, ALiBi + softcap together, short windows whose keys
+# fall in one warp's slice of a block (the other warps see no key: m = -inf in the merge).
+KEYSPLIT_CASES = [
+    ("ks-d256-paged16-sq2-g4-window-split2", torch.bfloat16, 256, 2, 4, 1, 2, 192, 16, [190, 37],
+     dict(num_splits=2, window=(40, 0), pack_gqa=True)),
+    ("ks-d128-sq4-g4-causal-16rows-split3", torch.bfloat16, 128, 1, 8, 2, 4, 256, None, [251],
+     dict(num_splits=3, causal=True, pack_gqa=True)),
+    ("ks-d128-mha-alibi-softcap", torch.float16, 128, 2, 3, 3, 1, 160, None, [130, 5],
+     dict(num_splits=1, alibi=True, softcap=15.0)),
+    ("ks-d64-window5-one-warp-keys-split2", torch.float16, 64, 2, 4, 2, 1, 320, 32, [300, 77],
+     dict(num_splits=2, window=(5, 0), pack_gqa=True)),
+    ("ks-d128-sq3-g4-window2-empty-rows", torch.bfloat16, 128, 2, 8, 2, 3, 128, None, [2, 127],
+     dict(num_splits=1, causal=True, window=(2, 0), pack_gqa=True)),
+    # 17..32 rows: the 32-row key-split tile (2 row slices x 2 key slices).
+    ("ks32-mqa-32x1-split3", torch.bfloat16, 128, 1, 32, 1, 1, 256, None, [201],
+     dict(num_splits=3, pack_gqa=True)),
+    ("ks32-sq5-g4-causal-paged16-empty-rows", torch.float16, 64, 2, 8, 2, 5, 192, 16, [190, 3],
+     dict(num_splits=2, causal=True, pack_gqa=True)),
+    ("ks32-d256-sq2-g12-window-split2", torch.bfloat16, 256, 1, 12, 1, 2, 160, None, [150],
+     dict(num_splits=2, window=(20, 0), pack_gqa=True)),
+]
+
+
+def keysplit_qualifies(case):
+    """Whether the key-split tile runs a case (kernels/decode.h uses_keysplit_tile, and a head
+    dim with the tile compiled in): at most 32 tile rows after GQA packing."""
+    _, _, d, _, h, hk, sq, _, _, _, extra = case
+    if kernel_head_dim(d + (-d) % 8) not in (64, 128, 256):
+        return False
+    packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
+    return sq * (h // hk if packed else 1) <= 32
+
+
+@pytest.mark.parametrize("keysplit", (False, True), ids=("decode64", "keysplit"))
+@pytest.mark.parametrize("case", CASES + KEYSPLIT_CASES, ids=lambda c: c[0])
+def test_decode_emulated(case, keysplit):
+    if keysplit and not keysplit_qualifies(case):
+        pytest.skip("the key-split tile does not take this case (more than 32 rows or head dim)")
     name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
     gen = torch.Generator().manual_seed(hash(name) % 2**31)
     cache_batch = extra.get("cache_batch", b)
@@ -105,7 +143,9 @@ def test_decode_emulated(case):
         q, k_store, v_store, seqused_k=seqused_k, block_table=block_table,
         cache_batch_idx=None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32),
         cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32),
-        num_splits=extra.get("num_splits", 1), pack_gqa=extra.get("pack_gqa", False), **opts)
+        num_splits=extra.get("num_splits", 1), pack_gqa=extra.get("pack_gqa", False),
+        keysplit=keysplit, **opts)
+    assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
     for i in range(b):
         row = batch_idx[i] if batch_idx is not None else i
         lp = leftpad[i] if leftpad is not None else 0
@@ -144,21 +184,72 @@ def test_paged_varlen_prefill_emulated(page):
                                q[q0:q1].unsqueeze(0), k_i, v_i, causal=causal)
 
 
+@pytest.mark.parametrize("seqlens_q", ((5, 1, 16), (16, 0, 9)), ids=("q5-1-16", "q16-0-9"))
+def test_varlen_short_query_keysplit_emulated(seqlens_q):
+    """varlen_fwd with max seqlen_q <= 16 (paged and not) through the key-split tile: packed q,
+    per-sequence lengths, causal, an empty query sequence."""
+    gen = torch.Generator().manual_seed(sum(seqlens_q))
+    dtype, d, h, hk = torch.bfloat16, 128, 2, 1
+    seqlens_k = [100, 40, 17]
+    b = len(seqlens_q)
+    page = 16 if seqlens_q[0] == 5 else None
+    k_store, v_store, block_table, k_dense, v_dense = make_cache(b, 128, hk, d, dtype, page, gen)
+    cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(int(cu_q[-1]), h, d, generator=gen).to(dtype)
+    if page is None:  # contiguous packed k / v
+        k_store = torch.cat([k_dense[i, :seqlens_k[i]] for i in range(b)])
+        v_store = torch.cat([v_dense[i, :seqlens_k[i]] for i in range(b)])
+    out, lse = run_fwd_emulated(q, k_store, v_store, causal=True, cu_seqlens_q=cu_q,
+                                cu_seqlens_k=cu_k, max_seqlen_q=max(seqlens_q),
+                                max_seqlen_k=max(seqlens_k), block_table=block_table,
+                                keysplit=True)
+    assert "key-split decode tile" in driver.LAST_STDOUT
+    for i in range(b):
+        q0, q1 = int(cu_q[i]), int(cu_q[i + 1])
+        if q1 == q0:
+            continue
+        k_i = k_dense[i:i + 1, :seqlens_k[i]]
+        v_i = v_dense[i:i + 1, :seqlens_k[i]]
+        assert_close_to_oracle(out[q0:q1].unsqueeze(0), lse[:, q0:q1].unsqueeze(0),
+                               q[q0:q1].unsqueeze(0), k_i, v_i, causal=True)
+
+
+@pytest.mark.parametrize("keysplit", (False, True), ids=("decode64", "keysplit"))
 @pytest.mark.parametrize("feature", ("plain", "causal", "window", "softcap", "alibi"))
-def test_short_query_fwd_emulated(feature):
+def test_short_query_fwd_emulated(feature, keysplit):
     """Plain fwd with seqlen_q <= 64 now runs the decode tile (64 x 64/128): the grid cases of
     test_fwd_gpu at short query lengths."""
     from test_fwd_gpu import feature_options
     rng = random.Random(FEATURE_SEEDS[feature])
     gen = torch.Generator().manual_seed(FEATURE_SEEDS[feature])
-    for (sq, sk, d) in ((17, 203, 128), (1, 239, 64)):
+    # keysplit: (17, 203, 128) takes the 32-row key-split tile, (1, 239, 64) and (16, 203, 256)
+    # the 16-row one.
+    shapes = ((17, 203, 128), (1, 239, 64)) + (((16, 203, 256),) if keysplit else ())
+    for (sq, sk, d) in shapes:
         b, h, hk = 2, 4, 2
         q = torch.randn(b, sq, h, d, generator=gen).half()
         k = torch.randn(b, sk, hk, d, generator=gen).half()
         v = torch.randn(b, sk, hk, d, generator=gen).half()
         opts = feature_options(feature, sq, sk, b, h, rng, device="cpu")
-        out, lse = run_fwd_emulated(q, k, v, **opts)
+        out, lse = run_fwd_emulated(q, k, v, keysplit=keysplit, **opts)
+        assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
         assert_close_to_oracle(out, lse, q, k, v, **opts)
 
 
 FEATURE_SEEDS = {"plain": 1, "causal": 2, "window": 3, "softcap": 4, "alibi": 5}
+
+
+def test_keysplit_switch_leaves_dropout_on_decode64_emulated():
+    """Dropout calls keep the 64-row decode tile with FLASH_CUDA_DECODE_KEYSPLIT=1 (the key-split
+    tile has no dropout code): bitwise the same output as with the switch off."""
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 5, 2, 128, generator=gen).to(torch.bfloat16)
+    k = torch.randn(2, 77, 2, 128, generator=gen).to(torch.bfloat16)
+    v = torch.randn(2, 77, 2, 128, generator=gen).to(torch.bfloat16)
+    runs = []
+    for keysplit in (False, True):
+        runs.append(run_fwd_emulated(q, k, v, causal=True, dropout_p=0.3, rng_state=(123, 8),
+                                     keysplit=keysplit))
+        assert "key-split decode tile" not in driver.LAST_STDOUT
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/params.h"
 
@@ -29,6 +30,30 @@ constexpr int kLongCacheBlocks = 64;
 inline bool uses_decode_tile(const FwdParams& p) {
     return p.seqlen_q <= 64 || p.block_table != nullptr || p.gqa_pack > 1;
 }
+// The key-split decode tile (kernels/sm80/decode_keysplit.cuh: 16 query rows and the 4 warps
+// split each key block 4 ways, or 32 rows as 2 row slices x 2 key slices), opt-in for A/B runs:
+// FLASH_CUDA_DECODE_KEYSPLIT=1 in the environment, read once per process (host side). It takes
+// the decode-tile calls whose tiles have at most kKeySplitMaxRows rows (seqlen_q x GQA pack <=
+// 32; keysplit_rows) and no dropout, at the head dims that have it compiled in
+// (sm80::kHasKeySplitTile: the launcher checks that). Same key blocks, stages and CTAs per SM as
+// the 64-row decode tile, so the split count below is unchanged.
+constexpr int kKeySplitMaxRows = 32;
+inline bool keysplit_requested() {
+    static const bool on = [] {
+        const char* value = std::getenv("FLASH_CUDA_DECODE_KEYSPLIT");
+        return value != nullptr && value[0] == '1' && value[1] == '\0';
+    }();
+    return on;
+}
+// Rows of one (batch, KV head) tile problem: query rows x the in-kernel GQA pack.
+inline int64_t keysplit_rows(const FwdParams& p) {
+    return static_cast<int64_t>(p.seqlen_q) * (p.gqa_pack > 1 ? p.gqa_pack : 1);
+}
+inline bool uses_keysplit_tile(const FwdParams& p) {
+    if (!keysplit_requested() || !uses_decode_tile(p) || p.p_keep < 1.f) return false;
+    return keysplit_rows(p) <= kKeySplitMaxRows;
+}
+
 // Tile geometry (kernels/sm80/traits.h: FwdDecodeConfig for the decode tile, else FwdConfig;
 // only roughly for the latter, which never splits).
 inline int block_m(bool decode_tile) { return decode_tile ? 64 : 128; }

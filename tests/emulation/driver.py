@@ -18,6 +18,7 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 KERNEL_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)
+LAST_STDOUT = ""  # stdout of the last emulator run (run_fwd_emulated)
 CUDA_INCLUDE = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 
 
@@ -82,7 +83,8 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
                      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                      max_seqlen_k=None, seqused_k=None, block_table=None, cache_batch_idx=None,
                      cache_leftpad=None, num_splits=1, pack_gqa=False, dropout_p=0.0,
-                     rng_state=None, philox_on_device=False, return_rng_state=False, timeout=1800):
+                     rng_state=None, philox_on_device=False, return_rng_state=False, timeout=1800,
+                     keysplit=None):
     """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd.
 
     KV cache / decode extras (the kernel part of fwd_kvcache; no append): block_table (k, v
@@ -91,7 +93,11 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     kernels/decode.h allows it).
     Dropout: dropout_p with rng_state = (seed, offset) (the mask of csrc/kernels/philox.cuh);
     philox_on_device passes them as device pointers (the CUDA-graph path), and the kernel writes
-    the rng_state it used, returned third with return_rng_state."""
+    the rng_state it used, returned third with return_rng_state.
+    keysplit: True / False set FLASH_CUDA_DECODE_KEYSPLIT=1 / 0 for the run (the opt-in key-split
+    decode tile, kernels/decode.h), None leaves the environment as it is. The emulator's stdout
+    (which says which tile ran) is kept in LAST_STDOUT."""
+    global LAST_STDOUT
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
     if softmax_scale is None:
@@ -153,7 +159,13 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
         if cache_leftpad is not None:
             cache_leftpad.int().numpy().tofile(tmp / "leftpad.bin")
         (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))
-        subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout)
+        env = None
+        if keysplit is not None:
+            env = dict(os.environ, FLASH_CUDA_DECODE_KEYSPLIT="1" if keysplit else "0")
+        run = subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout,
+                             env=env, stdout=subprocess.PIPE, text=True)
+        LAST_STDOUT = run.stdout
+        print(run.stdout, end="")
         out_raw = torch.from_file(str(tmp / "o.bin"), size=(tmp / "o.bin").stat().st_size // 2,
                                   dtype=torch.int16).clone().view(q.dtype)
         lse = torch.from_file(str(tmp / "lse.bin"), size=(tmp / "lse.bin").stat().st_size // 4,

@@ -57,7 +57,12 @@ void run_traits(FwdParams& params) {
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] { kernel(params); });
     };
     using namespace flash_cuda::sm80;
-    if (params.p_keep < 1.f) {  // dropout: the tiles of fwd_launch.cuh (BiasTraits with a bias)
+    if constexpr (Traits::kKeySplit) {  // no dropout code: run() sends dropout elsewhere
+        if (params.p_keep < 1.f) {
+            std::fprintf(stderr, "the key-split tile has no dropout\n");
+            std::exit(2);
+        }
+    } else if (params.p_keep < 1.f) {  // dropout: the tiles of fwd_launch.cuh (BiasTraits with a bias)
         auto dgo = [&](auto traits, auto kernel) {
             using T = decltype(traits);
             emu::launch(grid_for(traits), T::kNThreads, T::kSmemBytes, [&] { kernel(params); });
@@ -88,6 +93,20 @@ void run(FwdParams& params) {
     using namespace flash_cuda::sm80;
     if (params.seqlen_q <= FwdDecodeConfig<EMU_HEAD_DIM>::kBlockM || params.block_table != nullptr ||
         params.gqa_pack > 1) {
+        // The opt-in key-split tile (FLASH_CUDA_DECODE_KEYSPLIT=1, as the launcher).
+        if constexpr (kHasKeySplitTile<EMU_HEAD_DIM>) {
+            if (flash_cuda::decode::uses_keysplit_tile(params)) {
+                using Config = FwdDecodeKeySplitConfig<EMU_HEAD_DIM>;
+                if (flash_cuda::decode::keysplit_rows(params) <= 16) {
+                    std::printf("emulator: key-split decode tile, 16 rows\n");
+                    run_traits<Element, typename Config::Traits, Causal>(params);
+                } else {
+                    std::printf("emulator: key-split decode tile, 32 rows\n");
+                    run_traits<Element, typename Config::Traits32, Causal>(params);
+                }
+                return;
+            }
+        }
         run_traits<Element, typename FwdDecodeConfig<EMU_HEAD_DIM>::Traits, Causal>(params);
     } else {
         if (params.num_splits > 1) {

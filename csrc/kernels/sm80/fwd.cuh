@@ -34,6 +34,7 @@
 #include "kernels/params.h"
 #include "kernels/ptx.cuh"
 #include "kernels/softmax.cuh"
+#include "kernels/sm80/decode_keysplit.cuh"
 #include "kernels/sm80/traits.h"
 #include "kernels/sm80/warp_gemm.cuh"
 
@@ -336,7 +337,10 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
         params, SequenceInfo::make(params, batch), batch, head, m0, Traits::kBlockM);
     const int tid = ptx::thread_index_fresh();
     const int lane = tid % 32;
-    const int warp_row0 = (tid / 32) * Traits::kWarpRows;
+    // Key-split tile (decode_keysplit.cuh): the first warp of each row slice holds the merged
+    // rows; the others only join the barrier and the 16-byte stores.
+    const int warp_row0 = (tid / 32 / Traits::kKeySlices) * Traits::kWarpRows;
+    const bool owns_rows = (tid / 32) % Traits::kKeySlices == 0;
 
     float lse[kMTiles][2];
     softmax.finalize(acc_o, lse, log2_scale);
@@ -351,7 +355,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int row = warp_row0 + 16 * mt + 8 * half + lane / 4;  // in the tile
-                if (row < valid_rows) {
+                if (owns_rows && row < valid_rows) {
                     const PackedRow pr = PackedRow::make(m0 + row, group, head);
                     const float l = lse[mt][half];
                     if (split_kv) {
@@ -368,7 +372,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
             }
         }
         if (split_kv) return;
-        stage_output_tile<Element, Traits>(acc_o, smem_q, warp_row0, lane);
+        if (owns_rows) stage_output_tile<Element, Traits>(acc_o, smem_q, warp_row0, lane);
         __syncthreads();
         Element* o_batch = reinterpret_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride;
         Traits::QCopy::template store_scatter<Element>(
@@ -391,7 +395,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int row = warp_row0 + 16 * mt + 8 * half + lane / 4;  // in the tile
-                if (row < out.valid_rows) {
+                if (owns_rows && row < out.valid_rows) {
                     const float l = lse[mt][half];
                     if (lane % 4 == 0) {
                         params.softmax_lseaccum_ptr[first + row] = l == INFINITY ? -INFINITY : l;
@@ -402,7 +406,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
         }
         return;
     }
-    if (lane % 4 == 0) {
+    if (owns_rows && lane % 4 == 0) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -412,7 +416,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
             }
         }
     }
-    stage_output_tile<Element, Traits>(acc_o, smem_q, warp_row0, lane);
+    if (owns_rows) stage_output_tile<Element, Traits>(acc_o, smem_q, warp_row0, lane);
     __syncthreads();
     Traits::QCopy::store(out.o, params.o_row_stride, smem_q, out.valid_rows, params.d, tid);
 }
@@ -436,6 +440,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kGroupsInFlight = 2 * (kStages - 1);
     using QCopy = typename Traits::QCopy;
     using KVCopy = typename Traits::KVCopy;
+    // The warp GEMMs' geometry: the tile's, or for the key-split tile (decode_keysplit.cuh) all
+    // 16 rows x the warp's kWarpKeys keys of each block.
+    using WarpGemm = typename Traits::WarpGemm;
+    static_assert(!(Traits::kKeySplit && IsDropout), "the key-split tile has no dropout");
 
     unsigned char* smem = ptx::dynamic_smem();
     const uint32_t smem_q = ptx::smem_addr(smem);
@@ -642,7 +650,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
     OnlineSoftmax<kMTiles> softmax;
     softmax.init();
-    const int warp_row0 = warp * Traits::kWarpRows;  // in the tile
+    // In the tile. The key-split tile's kKeySlices warps of a 16-row slice compute its rows, each
+    // on its own keys [warp_key0, warp_key0 + kWarpKeys) of every block (K/V tile rows).
+    const int warp_row0 = (warp / Traits::kKeySlices) * Traits::kWarpRows;
+    const int warp_key0 = (warp % Traits::kKeySlices) * Traits::kWarpKeys;
+    [[maybe_unused]] KeySplitQFragments<Traits> q_regs;  // key-split tile, d <= 128
 
     // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid rows
     // (1..g real rows of 64 in a decode step) only issues its share of the K/V copies and joins
@@ -677,7 +689,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Paged: the next K block's rows, looked up while this block's scores are computed.
         if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
 
-        float acc_s[kMTiles][kNTiles][4];
+        float acc_s[kMTiles][kNTiles][4];  // the key-split tile: the warp's keys
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -686,14 +698,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
             }
         }
-        warp_gemm_qk<Element, Traits>(acc_s, smem_q, smem_k + slot * Traits::kSmemKVTileBytes,
-                                      warp_row0, lane);
+        const uint32_t k_tile =
+            smem_k + slot * Traits::kSmemKVTileBytes + Traits::kv_row_byte_offset(warp_key0);
+        if constexpr (Traits::kKeySplit && Traits::kQInRegisters) {
+            if (it == 0) q_regs.load(smem_q, warp_row0, lane);  // Q landed with K of block 0
+            keysplit_gemm_qk<Element, Traits>(acc_s, q_regs, k_tile, lane);
+        } else {
+            warp_gemm_qk<Element, WarpGemm>(acc_s, smem_q, k_tile, warp_row0, lane);
+        }
 
         if constexpr (HasSoftcap) apply_softcap(acc_s, softcap_pre_scale);
         // Query row and key of s[0][0][0]. (Opaque: per-row values derived from it are computed
         // here, not hoisted out of the loop into registers.)
         const int frag_row0 = ptx::opaque(m0 + warp_row0 + lane / 4);
-        const int frag_col0 = n_block * kBlockN + 2 * (lane % 4);
+        const int frag_col0 = n_block * kBlockN + warp_key0 + 2 * (lane % 4);
         if constexpr (HasAlibi) {
             apply_alibi(acc_s, score_scale, cta.alibi_slope, frag_row0 + cta.diag, frag_col0);
         }
@@ -717,8 +735,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
 
         softmax.update(acc_s, acc_o, log2_scale);
-        uint32_t p_frag[kMTiles][kBlockN / 16][4];
-        convert_p_to_a_fragments<Element, Traits>(p_frag, acc_s);
+        uint32_t p_frag[kMTiles][WarpGemm::kBlockN / 16][4];
+        convert_p_to_a_fragments<Element, WarpGemm>(p_frag, acc_s);
 
         // V of this block has landed; every warp is done reading this block's K buffer.
         ptx::cp_async_wait<kGroupsInFlight>();
@@ -726,15 +744,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
         ptx::cp_async_commit();
 
-        warp_gemm_p_rowsum<Element, Traits>(softmax.row_sum, p_frag);
+        warp_gemm_p_rowsum<Element, WarpGemm>(softmax.row_sum, p_frag);
         if constexpr (IsDropout) {  // on the packed fragments, after the row sums (undropped l)
             apply_dropout(p_frag,
                           DropoutMask{cta.dropout_seed, cta.dropout_stream, params.p_keep_threshold},
                           ptx::opaque(m0 + warp_row0 + lane / 4), n_block * kBlockN, lane);
         }
-        warp_gemm_pv<Element, Traits>(acc_o, p_frag, smem_v + slot * Traits::kSmemKVTileBytes, lane);
+        warp_gemm_pv<Element, WarpGemm>(acc_o, p_frag,
+                                        smem_v + slot * Traits::kSmemKVTileBytes +
+                                            Traits::kv_row_byte_offset(warp_key0),
+                                        lane);
     }
     ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway
+    if constexpr (Traits::kKeySplit) {
+        keysplit_merge_warps<Traits>(acc_o, softmax, log2_scale, smem + Traits::kSmemKOffset, warp,
+                                     lane);
+    }
 
     // ---- Epilogue.
     if constexpr (IsDropout) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/decode.h"
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm80/fwd.cuh"
@@ -143,6 +144,23 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
         if (sm80::launch_decode_variant<Element, HeadDim, Causal>(params, stream)) return;
 #endif
         using Decode = typename sm80::FwdDecodeConfig<HeadDim>::Traits;
+        // Opt-in key-split tile (decode_keysplit.cuh; FLASH_CUDA_DECODE_KEYSPLIT=1) for tiles of
+        // at most 16 rows (4 key slices) or 32 rows (2 x 2); dropout stays on the 64-row tile.
+        if constexpr (sm80::kHasKeySplitTile<HeadDim>) {
+            if (decode::uses_keysplit_tile(params)) {
+                using KeySplitConfig = sm80::FwdDecodeKeySplitConfig<HeadDim>;
+                if (decode::keysplit_rows(params) <= 16) {
+                    using KeySplit = typename KeySplitConfig::Traits;
+                    sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(
+                        params, stream);
+                } else {
+                    using KeySplit = typename KeySplitConfig::Traits32;
+                    sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(
+                        params, stream);
+                }
+                return;
+            }
+        }
         sm80::launch_fwd<Element, Decode, Decode, Decode, Decode, Causal>(params, stream);
         return;
     }

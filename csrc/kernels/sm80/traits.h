@@ -38,8 +38,13 @@ struct FwdTraits {
     // (they still issue their share of the K/V copies and join every barrier). Decode tile
     // only: there a tile has 1..g real rows of 64; the 128-row tile keeps its loop unchanged.
     static constexpr bool kSkipIdleWarps = false;
+    // Warps split the keys of a block instead of the rows: decode_keysplit.cuh's tile only.
+    static constexpr bool kKeySplit = false;
+    static constexpr bool kQInRegisters = false;
 
     static constexpr int kWarpRows = kBlockM / kNWarps;
+    static constexpr int kKeySlices = 1;            // warps per row slice (key-split tile: > 1)
+    static constexpr int kWarpKeys = kBlockN;       // keys of a block each warp computes
     static constexpr int kMTiles = kWarpRows / 16;  // 16-row slices per warp
     static constexpr int kNTiles = kBlockN / 8;     // 8-column tiles of S per slice
     static constexpr int kDTiles = kHeadDim / 8;    // 8-column tiles of O per slice
@@ -48,6 +53,8 @@ struct FwdTraits {
     using KVTile = SwizzledTile<kBlockN, kHeadDim>;
     using QCopy = TileCopy<QTile, kNThreads>;
     using KVCopy = TileCopy<KVTile, kNThreads>;
+    using WarpGemm = FwdTraits;  // the geometry of the warp GEMMs (warp_gemm.cuh)
+    __device__ __forceinline__ static uint32_t kv_row_byte_offset(int) { return 0u; }
 
     static constexpr int kSmemQBytes = QTile::kBytes;
     static constexpr int kSmemKVTileBytes = KVTile::kBytes;
