@@ -163,7 +163,12 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         // or may not fit the device (v2 tile above A100's 163 KB): the d64 / d128 build does
         // not contain them.
         constexpr bool kV2 = sm80::BwdV2Config<HeadDim>::kSupported;
+        // Tuning builds keep them everywhere: FLASH_CUDA_BWD_TILE=9 runs bwd.cuh (A/B).
+#ifdef FLASH_CUDA_BWD_TUNING
+        constexpr bool kV1Fallback = true;
+#else
         constexpr bool kV1Fallback = !kV2 || sm80::bwd_v2_smem_bytes<HeadDim>() > 163 * 1024;
+#endif
         if (params.p_keep < 1.f) {
             if (has_softcap || has_alibi || varlen || params.deterministic) {
                 throw std::runtime_error("flash_cuda: the backward kernel's dropout covers fixed "
@@ -179,8 +184,12 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
                 const int variant = sm80::bwd_tile_variant();
                 v2 = variant != 0 && sm80::launch_bwd_tile_variant<Element, HeadDim, Causal>(
                                          params, stream, variant, has_softcap, has_alibi);
+                const bool force_v1 = variant == sm80::kBwdTileV1;
+#else
+                constexpr bool force_v1 = false;
 #endif
-                if (!v2 && (!kV1Fallback || sm80::device_fits_smem(V2::kSmemBytes))) {
+                if (!v2 && !force_v1 &&
+                    (!kV1Fallback || sm80::device_fits_smem(V2::kSmemBytes))) {
                     sm80::launch_bwd_v2<Element, V2, Causal>(params, stream, has_softcap,
                                                              has_alibi);
                     v2 = true;

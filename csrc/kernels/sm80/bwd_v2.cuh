@@ -42,6 +42,13 @@
 namespace flash_cuda {
 namespace sm80 {
 
+// Whether a warp's block of `cols` B columns, starting at a multiple of `cols`, can be walked in
+// 16-column steps from one per-thread base by SwizzledTile::stepped (no carry into the thread's
+// own chunk bits): cols a power of two up to the atom width, or whole atoms.
+constexpr bool bwd_v2_cols_step_safe(int cols, int atom_cols) {
+    return cols % atom_cols == 0 || (cols <= atom_cols && (cols & (cols - 1)) == 0);
+}
+
 // Tile configuration (the defaults are the d64 / d128 tile):
 //   BlockM queries per iteration, BlockN keys per CTA, NWarps warps;
 //   SWarpsM: phase-1 warps along the queries (the rest along the keys);
@@ -85,6 +92,10 @@ struct BwdV2Traits {
     using PTile = SwizzledTile<BlockM, BlockN>;    // P and dS (queries x keys)
     using QCopy = TileCopy<QTile, kNThreads>;
     using KVCopy = TileCopy<KVTile, kNThreads>;
+    // Phase 2 reads dO / Q columns [g_col0, + kGCols), phase 3 K columns [q_col0 + pass
+    // kQChunkCols, + kQChunkCols): one stepped base where the widths allow it.
+    static constexpr bool kGStepSafe = bwd_v2_cols_step_safe(kGCols, QTile::kAtomCols);
+    static constexpr bool kQStepSafe = bwd_v2_cols_step_safe(kQChunkCols, KVTile::kAtomCols);
 
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kSmemKOffset + KVTile::kBytes;
@@ -148,14 +159,37 @@ struct BwdV2Config<256> {
     static constexpr bool kSupported = true;
     using Traits = BwdV2Traits<256, 64, 64, 8, 2, 2, 2, 2, 2>;
 };
+// d96: the d128 tile's 128 keys and phase 1; phase 2 on 4 x 2 warps (32 keys x 48 columns),
+// phase 3 on 4 x 2 (16 queries x 48 columns): 96 columns split in 16-multiples only in halves.
+template <>
+struct BwdV2Config<96> {
+    static constexpr bool kSupported = true;
+    using Traits = BwdV2Traits<96, 64, 128, 8, 2, 4, 4, 2, 1>;
+};
+// d160: 64 keys, phase 1 2 x 4 (32 queries x 16 keys), phase 2 4 x 2 (16 keys x 80 columns),
+// phase 3 4 x 2 (16 queries x 80 columns).
+template <>
+struct BwdV2Config<160> {
+    static constexpr bool kSupported = true;
+    using Traits = BwdV2Traits<160, 64, 64, 8, 2, 4, 4, 2, 1>;
+};
+// d192: 64 keys, phase 1 2 x 4, phase 2 2 x 4 (32 keys x 48 columns), phase 3 2 x 4 (32 queries
+// x 48 columns); 164,896 B of shared memory (fits A100's 163 KB).
+template <>
+struct BwdV2Config<192> {
+    static constexpr bool kSupported = true;
+    using Traits = BwdV2Traits<192, 64, 64, 8, 2, 2, 2, 2, 1>;
+};
 
 // acc[kMTiles][kNTiles][4] += A (16 kMTiles rows x 16 kKSteps) * B (16 kKSteps x 8 kNTiles),
 // both from shared memory. B is stored k-major (tile row = k, as dO, Q, K for dV, dK, dQ) and
 // read with ldmatrix.trans. A is stored m-major (tile row = m: dS for dQ, ldmatrix) or, with
 // kATrans, k-major (tile row = k: P / dS read as P^T / dS^T, ldmatrix.trans).
 // a_m0: the warp's first A row (m); b_n0: the warp's first B column (n). A, B start at k = 0.
+// kBStepSafe: b_n0 is such that SwizzledTile::stepped may step the B columns from one per-thread
+// base (bwd_v2_cols_step_safe); otherwise each 16-column pair gets its own base (byte_offset).
 template <typename Element, typename ATile, typename BTile, int kMTiles, int kNTiles, int kKSteps,
-          bool kATrans>
+          bool kATrans, bool kBStepSafe = true>
 __device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMTiles][kNTiles][4], uint32_t a_smem,
                                                int a_m0, uint32_t b_smem, int b_n0, int lane) {
     static_assert(kNTiles % 2 == 0, "B fragments in pairs of 8-column tiles");
@@ -169,6 +203,13 @@ __device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMTiles][kNTiles][4]
                 : a_smem + ATile::byte_offset(a_m0 + lane % 16, 8 * (lane / 16));
     const uint32_t b_base =
         b_smem + BTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), b_n0 + 8 * (lane / 16));
+    [[maybe_unused]] uint32_t b_pair_base[kBStepSafe ? 1 : kNTiles / 2];
+    if constexpr (!kBStepSafe) {
+        static_for_each<kNTiles / 2>([&](auto np) {
+            b_pair_base[np] = b_smem + BTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2),
+                                                          b_n0 + 16 * np + 8 * (lane / 16));
+        });
+    }
     static_for_each<kKSteps>([&](auto kk) {
         uint32_t a[kMTiles][4];
         static_for_each<kMTiles>([&](auto mt) {
@@ -180,7 +221,11 @@ __device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMTiles][kNTiles][4]
         });
         static_for_each<kNTiles / 2>([&](auto np) {
             uint32_t b[4];
-            ptx::ldmatrix_x4_trans(b, BTile::template stepped<16 * kk, 16 * np>(b_base));
+            if constexpr (kBStepSafe) {
+                ptx::ldmatrix_x4_trans(b, BTile::template stepped<16 * kk, 16 * np>(b_base));
+            } else {
+                ptx::ldmatrix_x4_trans(b, BTile::template stepped<16 * kk, 0>(b_pair_base[np]));
+            }
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
                 ptx::mma_16816<Element>(acc[mt][2 * np], a[mt], b[0], b[1]);
@@ -523,10 +568,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             __syncthreads();
 
             // ---- Phase 2: dV += P^T dO, dK += dS^T Q on the (keys x columns) warp grid ----
-            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true>(
-                acc_dv, smem_p, bwd_fresh(g_row0), smem_do, bwd_fresh(g_col0), lane);
-            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true>(
-                acc_dk, smem_ds, bwd_fresh(g_row0), smem_q, bwd_fresh(g_col0), lane);
+            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true,
+                           Traits::kGStepSafe>(acc_dv, smem_p, bwd_fresh(g_row0), smem_do,
+                                               bwd_fresh(g_col0), lane);
+            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true,
+                           Traits::kGStepSafe>(acc_dk, smem_ds, bwd_fresh(g_row0), smem_q,
+                                               bwd_fresh(g_col0), lane);
 
             if constexpr (Traits::kQStages == 1) {
                 // Barrier B3 (single stage only): every warp is done with Q / dO (phase 2)
@@ -550,8 +597,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
                 const int qrow0 = bwd_fresh(q_row0);
                 const int qcol0 = bwd_fresh(q_col0) + chunk * Traits::kQChunkCols;
-                warp_gemm_smem<Element, PTile, KVTile, kQMTiles, kQNTiles, kBlockN / 16, false>(
-                    acc_dq, smem_ds, qrow0, smem_k, qcol0, lane);
+                warp_gemm_smem<Element, PTile, KVTile, kQMTiles, kQNTiles, kBlockN / 16, false,
+                               Traits::kQStepSafe>(acc_dq, smem_ds, qrow0, smem_k, qcol0, lane);
                 const int lane_q = bwd_fresh(lane);
 #pragma unroll
                 for (int mt = 0; mt < kQMTiles; ++mt) {
