@@ -46,6 +46,19 @@ void launch(dim3 grid, int threads, size_t smem, Kernel kernel, BwdParams& param
     });
 }
 
+// The v2 tile of the head dim (dependent on Element, so head dims without v2 never name it).
+template <typename Element, int HeadDim>
+struct EmuV2 {
+#if defined(FLASH_CUDA_EMU_BWD_TILE) && FLASH_CUDA_EMU_BWD_TILE > 0
+    static_assert(flash_cuda::sm80::BwdV2TuneConfig<HeadDim, FLASH_CUDA_EMU_BWD_TILE>::kExists,
+                  "no such tile variant at this head dim");
+    using Traits =
+        typename flash_cuda::sm80::BwdV2TuneConfig<HeadDim, FLASH_CUDA_EMU_BWD_TILE>::Traits;
+#else
+    using Traits = typename flash_cuda::sm80::BwdV2Config<HeadDim>::Traits;
+#endif
+};
+
 template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap, bool IsDropoutRun>
 void run_tile(BwdParams& params) {
     using namespace flash_cuda::sm80;
@@ -64,17 +77,11 @@ void run_tile(BwdParams& params) {
            &mha_bwd_preprocess_kernel<Element>, params);
     const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
-    // The launcher's choice (bwd_launch.cuh): bwd_v2.cuh at d64 / d128 / d256 without dropout
-    // (BwdV2Config; with -DFLASH_CUDA_EMU_BWD_TILE=n the tuning variant n of
+    // The launcher's choice (bwd_launch.cuh): bwd_v2.cuh without dropout where the head dim has
+    // a BwdV2Config (with -DFLASH_CUDA_EMU_BWD_TILE=n the tuning variant n of
     // bwd_tune_configs.h, as FLASH_CUDA_BWD_TILE=n in a tuning build).
     if constexpr (!IsDropoutRun && BwdV2Config<EMU_HEAD_DIM>::kSupported) {
-#if defined(FLASH_CUDA_EMU_BWD_TILE) && FLASH_CUDA_EMU_BWD_TILE > 0
-        static_assert(BwdV2TuneConfig<EMU_HEAD_DIM, FLASH_CUDA_EMU_BWD_TILE>::kExists,
-                      "no such tile variant at this head dim");
-        using V2 = typename BwdV2TuneConfig<EMU_HEAD_DIM, FLASH_CUDA_EMU_BWD_TILE>::Traits;
-#else
-        using V2 = typename BwdV2Config<EMU_HEAD_DIM>::Traits;
-#endif
+        using V2 = typename EmuV2<Element, EMU_HEAD_DIM>::Traits;
         const int v2_blocks = (params.seqlen_k + V2::kBlockN - 1) / V2::kBlockN;
         const dim3 v2_grid(params.deterministic ? params.num_splits : v2_blocks, params.b,
                            params.h);

@@ -1,9 +1,10 @@
 // Alternative tile configurations of the sm80 backward kernel v2 (bwd_v2.cuh), for tuning on a
 // GPU. Compiled only in tuning builds (FLASH_CUDA_BWD_TUNING=1 at build time defines
 // FLASH_CUDA_BWD_TUNING) and selected at run time with FLASH_CUDA_BWD_TILE=<variant> (read once
-// per process; 0 or unset = BwdV2Config; 9 = bwd.cuh, see kBwdTileV1). A variant applies to the non-dropout calls of its head
-// dim, like BwdV2Config; a variant that wins becomes the BwdV2Config of its head dim, with the
-// numbers that chose it in bench/NOTES_kernel_bwd.md ("Backward v2 tile variants").
+// per process; 0 or unset = BwdV2Config; 9 = bwd.cuh, see kBwdTileV1). A variant applies to the
+// non-dropout calls of its head dim, like BwdV2Config; a variant that wins becomes the
+// BwdV2Config of its head dim, with the numbers that chose it in bench/NOTES_kernel_bwd.md
+// ("Backward v2 at d256 ... and tile variants").
 // kBlockN must divide 128 (the host rounds the dk / dv workspaces to 128 rows); the host's
 // deterministic split count (at most ceil(seqlen_k / 64)) does not depend on kBlockN.
 #pragma once
