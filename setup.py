@@ -8,6 +8,9 @@ Environment:
   FLASH_CUDA_PTXAS_VERBOSE=1   print the register/shared-memory/spill report of every kernel.
   FLASH_CUDA_FWD_TUNING=1      also compile the forward tile variants (kernels/sm80/tune_configs.h),
                                chosen at run time with FLASH_CUDA_FWD_TILE=<n> (developers).
+  FLASH_CUDA_BWD_TUNING=1      also compile the backward v2 tile variants
+                               (kernels/sm80/bwd_tune_configs.h), chosen at run time with
+                               FLASH_CUDA_BWD_TILE=<n> (developers).
   MAX_JOBS             parallel compile jobs (ninja).
   CXX                  the C++ compiler (torch's rule; default c++). It must link libstdc++
                        dynamically: one with only libstdc++.a is refused (build_config.py).
@@ -52,6 +55,8 @@ def extensions():
         nvcc += ["-Xptxas=-v", "-Xptxas=-warn-spills"]
     if os.environ.get("FLASH_CUDA_FWD_TUNING") == "1":
         nvcc += ["-DFLASH_CUDA_FWD_TUNING"]  # tile variants of kernels/sm80/tune_configs.h
+    if os.environ.get("FLASH_CUDA_BWD_TUNING") == "1":
+        nvcc += ["-DFLASH_CUDA_BWD_TUNING"]  # v2 tile variants of kernels/sm80/bwd_tune_configs.h
     print(f"flash_cuda: archs {archs}, head dims {dims or 'none'}", file=sys.stderr)
     return [
         CUDAExtension(

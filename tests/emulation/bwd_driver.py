@@ -11,6 +11,7 @@ them; dropout (fixed length, no softcap / ALiBi) with dropout_p and the forward'
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import subprocess
@@ -75,7 +76,11 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
             cu_seqlens_q.int().numpy().tofile(tmp / "cu_seqlens_q.bin")
             cu_seqlens_k.int().numpy().tofile(tmp / "cu_seqlens_k.bin")
         (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))
-        subprocess.run([str(emulator_binary(hd, "bwd_emulated")), str(tmp)], check=True,
+        # FLASH_CUDA_EMU_BWD_TILE=n: the v2 tuning variant n (bwd_tune_configs.h) where the head
+        # dim has one, as FLASH_CUDA_BWD_TILE=n does in a tuning build.
+        tile = int(os.environ.get("FLASH_CUDA_EMU_BWD_TILE", "0") or 0)
+        defines = (f"FLASH_CUDA_EMU_BWD_TILE={tile}",) if tile and hd in (64, 128, 256) else ()
+        subprocess.run([str(emulator_binary(hd, "bwd_emulated", defines)), str(tmp)], check=True,
                        timeout=timeout)
 
         def load(name, shape):

@@ -24,6 +24,7 @@ inline float atomicAdd(float* address, float value) {
 
 #include "kernels/sm80/bwd.cuh"
 #include "kernels/sm80/bwd_v2.cuh"
+#include "kernels/sm80/bwd_tune_configs.h"
 #include "host_io.h"
 #include "dropout_params.h"
 
@@ -44,6 +45,19 @@ void launch(dim3 grid, int threads, size_t smem, Kernel kernel, BwdParams& param
         kernel(params);
     });
 }
+
+// The v2 tile of the head dim (dependent on Element, so head dims without v2 never name it).
+template <typename Element, int HeadDim>
+struct EmuV2 {
+#if defined(FLASH_CUDA_EMU_BWD_TILE) && FLASH_CUDA_EMU_BWD_TILE > 0
+    static_assert(flash_cuda::sm80::BwdV2TuneConfig<HeadDim, FLASH_CUDA_EMU_BWD_TILE>::kExists,
+                  "no such tile variant at this head dim");
+    using Traits =
+        typename flash_cuda::sm80::BwdV2TuneConfig<HeadDim, FLASH_CUDA_EMU_BWD_TILE>::Traits;
+#else
+    using Traits = typename flash_cuda::sm80::BwdV2Config<HeadDim>::Traits;
+#endif
+};
 
 // HeadDim = EMU_HEAD_DIM, a template parameter so that the kernel choice below is dependent
 // (if constexpr discards the v2 branch at head dims without a BwdV2Config).
@@ -66,11 +80,15 @@ void run_tile(BwdParams& params) {
            &mha_bwd_preprocess_kernel<Element>, params);
     const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
-    // The launcher's choice (bwd_launch.cuh): bwd_v2.cuh at d64 / d128 without dropout.
+    // The launcher's choice (bwd_launch.cuh): bwd_v2.cuh without dropout where the head dim has
+    // a BwdV2Config (with -DFLASH_CUDA_EMU_BWD_TILE=n the tuning variant n of
+    // bwd_tune_configs.h, as FLASH_CUDA_BWD_TILE=n in a tuning build).
     if constexpr (!IsDropoutRun && BwdV2Config<HeadDim>::kSupported) {
-        using V2 = typename BwdV2Config<HeadDim>::Traits;
-        static_assert(V2::kBlockN == Traits::kBlockN, "same key blocks (deterministic splits)");
-        launch(grid, V2::kNThreads, V2::kSmemBytes,
+        using V2 = typename EmuV2<Element, HeadDim>::Traits;
+        const int v2_blocks = (params.seqlen_k + V2::kBlockN - 1) / V2::kBlockN;
+        const dim3 v2_grid(params.deterministic ? params.num_splits : v2_blocks, params.b,
+                           params.h);
+        launch(v2_grid, V2::kNThreads, V2::kSmemBytes,
                &mha_bwd_sm80_v2_kernel<Element, V2, Causal, HasAlibi, HasSoftcap>, params);
     } else {
         launch(grid, Traits::kNThreads, Traits::kSmemBytes,

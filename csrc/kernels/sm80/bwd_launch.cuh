@@ -24,10 +24,18 @@
 #include "kernels/params.h"
 #include "kernels/sm80/bwd.cuh"
 #include "kernels/sm80/bwd_v2.cuh"
+#ifdef FLASH_CUDA_BWD_TUNING
+#include <cstdlib>
 
-// Which main kernel: head dims with a BwdV2Config (64, 128) run mha_bwd_sm80_v2_kernel
+#include "kernels/sm80/bwd_tune_configs.h"
+#endif
+
+// Which main kernel: head dims with a BwdV2Config (64, 128, 256) run mha_bwd_sm80_v2_kernel
 // (bwd_v2.cuh, FA2-style warp grids; 1.00-1.08x faster fwd+bwd at d128 than bwd.cuh, bench/NOTES
-// run 19) except with dropout; dropout and every other head dim run mha_bwd_sm80_kernel.
+// run 19) except with dropout, and except where the device cannot reserve the v2 tile's shared
+// memory (d256: 214 KB, more than A100's 163 KB); those and every other head dim run
+// mha_bwd_sm80_kernel. Tuning builds (FLASH_CUDA_BWD_TUNING): FLASH_CUDA_BWD_TILE=<n> picks
+// variant n of bwd_tune_configs.h instead of BwdV2Config where it exists.
 
 namespace flash_cuda {
 
@@ -58,6 +66,72 @@ void launch_bwd_v2_kernel(BwdParams& params, cudaStream_t stream) {
     FLASH_CUDA_CHECK_LAUNCH();
 }
 
+// Shared memory of the default v2 tile of HeadDim (0 without one).
+template <int HeadDim>
+constexpr int bwd_v2_smem_bytes() {
+    if constexpr (BwdV2Config<HeadDim>::kSupported) {
+        return BwdV2Config<HeadDim>::Traits::kSmemBytes;
+    } else {
+        return 0;
+    }
+}
+
+// v2 on the tile Traits, the softcap / ALiBi flags picked at run time.
+template <typename Element, typename Traits, bool Causal>
+void launch_bwd_v2(BwdParams& params, cudaStream_t stream, bool has_softcap, bool has_alibi) {
+    if (has_softcap && has_alibi) {
+        launch_bwd_v2_kernel<Element, Traits, Causal, true, true>(params, stream);
+    } else if (has_softcap) {
+        launch_bwd_v2_kernel<Element, Traits, Causal, false, true>(params, stream);
+    } else if (has_alibi) {
+        launch_bwd_v2_kernel<Element, Traits, Causal, true, false>(params, stream);
+    } else {
+        launch_bwd_v2_kernel<Element, Traits, Causal, false, false>(params, stream);
+    }
+}
+
+// Whether the current device can reserve `bytes` of dynamic shared memory per CTA (asked only
+// for tiles above A100's 163 KB).
+inline bool device_fits_smem(int bytes) {
+    if (bytes <= 163 * 1024) return true;
+    int device = 0, optin = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+        return false;
+    }
+    return optin >= bytes;
+}
+
+#ifdef FLASH_CUDA_BWD_TUNING
+// FLASH_CUDA_BWD_TILE (tuning builds), read once per process; 0 = BwdV2Config.
+inline int bwd_tile_variant() {
+    static const int variant = [] {
+        const char* env = std::getenv("FLASH_CUDA_BWD_TILE");
+        return env == nullptr ? 0 : std::atoi(env);
+    }();
+    return variant;
+}
+
+// Tuning builds: the v2 variant `variant` of bwd_tune_configs.h, if it exists for HeadDim.
+template <typename Element, int HeadDim, bool Causal, int Variant = 1>
+bool launch_bwd_tile_variant(BwdParams& params, cudaStream_t stream, int variant,
+                             bool has_softcap, bool has_alibi) {
+    if constexpr (Variant < kNumBwdTileVariants) {
+        if constexpr (BwdV2TuneConfig<HeadDim, Variant>::kExists) {
+            if (variant == Variant) {
+                using Traits = typename BwdV2TuneConfig<HeadDim, Variant>::Traits;
+                launch_bwd_v2<Element, Traits, Causal>(params, stream, has_softcap, has_alibi);
+                return true;
+            }
+        }
+        return launch_bwd_tile_variant<Element, HeadDim, Causal, Variant + 1>(
+            params, stream, variant, has_softcap, has_alibi);
+    }
+    return false;
+}
+#endif
+
 }  // namespace sm80
 
 template <typename Element, int HeadDim, bool Causal>
@@ -86,6 +160,16 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         const bool has_alibi = params.alibi_slopes_ptr != nullptr;
         using BiasTraits = sm80::bias_traits_t<Config>;
         using Traits = typename Config::Traits;
+        // bwd.cuh's non-dropout kernels are compiled only where v2 does not cover the head dim
+        // or may not fit the device (v2 tile above A100's 163 KB): the d64 / d128 build does
+        // not contain them.
+        constexpr bool kV2 = sm80::BwdV2Config<HeadDim>::kSupported;
+        // Tuning builds keep them everywhere: FLASH_CUDA_BWD_TILE=9 runs bwd.cuh (A/B).
+#ifdef FLASH_CUDA_BWD_TUNING
+        constexpr bool kV1Fallback = true;
+#else
+        constexpr bool kV1Fallback = !kV2 || sm80::bwd_v2_smem_bytes<HeadDim>() > 163 * 1024;
+#endif
         if (params.p_keep < 1.f) {
             if (has_softcap || has_alibi || varlen || params.deterministic) {
                 throw std::runtime_error("flash_cuda: the backward kernel's dropout covers fixed "
@@ -93,25 +177,42 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
             }
             sm80::launch_bwd_kernel<Element, sm80::bwd_dropout_traits_t<HeadDim>, Causal, false,
                                     false, true>(params, stream);
-        } else if constexpr (sm80::BwdV2Config<HeadDim>::kSupported) {
-            using V2 = typename sm80::BwdV2Config<HeadDim>::Traits;
-            if (has_softcap && has_alibi) {
-                sm80::launch_bwd_v2_kernel<Element, V2, Causal, true, true>(params, stream);
-            } else if (has_softcap) {
-                sm80::launch_bwd_v2_kernel<Element, V2, Causal, false, true>(params, stream);
-            } else if (has_alibi) {
-                sm80::launch_bwd_v2_kernel<Element, V2, Causal, true, false>(params, stream);
-            } else {
-                sm80::launch_bwd_v2_kernel<Element, V2, Causal, false, false>(params, stream);
-            }
-        } else if (has_softcap && has_alibi) {
-            sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, true, false>(params, stream);
-        } else if (has_softcap) {
-            sm80::launch_bwd_kernel<Element, BiasTraits, Causal, false, true, false>(params, stream);
-        } else if (has_alibi) {
-            sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, false, false>(params, stream);
         } else {
-            sm80::launch_bwd_kernel<Element, Traits, Causal, false, false, false>(params, stream);
+            [[maybe_unused]] bool v2 = false;  // the main kernel ran on bwd_v2.cuh
+            if constexpr (kV2) {
+                using V2 = typename sm80::BwdV2Config<HeadDim>::Traits;
+#ifdef FLASH_CUDA_BWD_TUNING
+                const int variant = sm80::bwd_tile_variant();
+                v2 = variant != 0 && sm80::launch_bwd_tile_variant<Element, HeadDim, Causal>(
+                                         params, stream, variant, has_softcap, has_alibi);
+                const bool force_v1 = variant == sm80::kBwdTileV1;
+#else
+                constexpr bool force_v1 = false;
+#endif
+                if (!v2 && !force_v1 &&
+                    (!kV1Fallback || sm80::device_fits_smem(V2::kSmemBytes))) {
+                    sm80::launch_bwd_v2<Element, V2, Causal>(params, stream, has_softcap,
+                                                             has_alibi);
+                    v2 = true;
+                }
+            }
+            if constexpr (kV1Fallback) {
+                if (v2) {
+                    // done
+                } else if (has_softcap && has_alibi) {
+                    sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, true, false>(
+                        params, stream);
+                } else if (has_softcap) {
+                    sm80::launch_bwd_kernel<Element, BiasTraits, Causal, false, true, false>(
+                        params, stream);
+                } else if (has_alibi) {
+                    sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, false, false>(
+                        params, stream);
+                } else {
+                    sm80::launch_bwd_kernel<Element, Traits, Causal, false, false, false>(
+                        params, stream);
+                }
+            }
         }
     }
     // Postprocess: one thread per 8 head-dim columns of a (row, head); grid (row chunks, heads).

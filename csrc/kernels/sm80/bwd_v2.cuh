@@ -1,24 +1,29 @@
 // Second sm80 backward main kernel: the work of a query block split over warp grids of
 // (queries x keys) and (keys x head-dim columns) instead of "each warp owns 16 keys" (bwd.cuh).
-// The launcher (bwd_launch.cuh) runs it at head dims 64 and 128 (BwdV2Config): causal / window,
-// softcap, ALiBi, GQA, varlen, deterministic; dropout and every
-// other head dim keep mha_bwd_sm80_kernel (bwd.cuh), whose preprocess / convert kernels,
-// workspaces, BwdParams and deterministic mode this kernel shares.
+// The launcher (bwd_launch.cuh) runs it at head dims 64, 128 and 256 (BwdV2Config): causal /
+// window, softcap, ALiBi, GQA, varlen, deterministic; dropout and every other head dim keep
+// mha_bwd_sm80_kernel (bwd.cuh), whose preprocess / convert kernels, workspaces, BwdParams and
+// deterministic mode this kernel shares.
 //
-// One CTA per (key block of kBlockN = 128 keys, batch, query head), 8 warps. K, V -> shared
-// memory once; loop over the query blocks (kBlockM = 64) that see some key of the block:
-//   phase 1, warp grid 2 (queries) x 4 (keys), each warp 32 queries x 32 keys:
+// One CTA per (key block of kBlockN keys, batch, query head), kNWarps warps (BwdV2Traits: the
+// d64 / d128 tile is 128 keys, 8 warps, query blocks of 64; d256: 64 keys). K, V -> shared
+// memory once; loop over the query blocks (kBlockM) that see some key of the block:
+//   phase 1, warp grid kSWarpsM (queries) x kSWarpsN (keys) (d64 / d128: 2 x 4, each warp
+//          32 queries x 32 keys):
 //     S  = Q K^T, P = exp2(S scale log2(e) - lse log2(e)) (0 where masked, branch-free;
 //          softcap / ALiBi as bwd.cuh)
 //     dP = dO V^T, dS = P (dP - D)  (times 1 - t^2 with softcap)
-//     P, dS -> shared memory (Element, swizzled 64 x 128 tiles, queries x keys)
+//     P, dS -> shared memory (Element, swizzled kBlockM x kBlockN tiles, queries x keys)
 //   barrier
-//   phase 2, warp grid 4 (keys) x 2 (head-dim halves), each warp 32 keys x HeadDim / 2:
+//   phase 2, warp grid kGWarpsN (keys) x kGWarpsD (head-dim columns) (d64 / d128: 4 x 2):
 //     dV += P^T dO, dK += dS^T Q   (P^T, dS^T from shared memory with ldmatrix.trans; fp32
 //                                   accumulators in registers for the whole key block)
-//   phase 3, warp grid 2 (queries) x 4 (head-dim quarters), each warp 32 queries x HeadDim / 4:
+//   [single-buffered Q / dO only: barrier, then the next query block's copies]
+//   phase 3, warp grid kQWarpsM (queries) x kQWarpsD (head-dim columns) (d64 / d128: 2 x 4),
+//   a warp's columns in kQChunks passes:
 //     dQ += dS K -> fp32 red.global.add.v2.f32 into dq_accum (deterministic: own slice)
-// Barriers per query block: 2 (see bench/NOTES_kernel_bwd.md, "Backward kernel v2").
+// Barriers per query block: 2, 3 single-buffered (see bench/NOTES_kernel_bwd.md, "Backward
+// kernel v2" and "Backward v2 at d256 and tile variants").
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,7 +43,25 @@
 namespace flash_cuda {
 namespace sm80 {
 
-template <int HeadDim, int BlockM = 64, int BlockN = 128, int NWarps = 8>
+// Whether a warp's block of `cols` B columns, starting at a multiple of `cols`, can be walked in
+// 16-column steps from one per-thread base by SwizzledTile::stepped (no carry into the thread's
+// own chunk bits): cols a power of two up to the atom width, or whole atoms.
+constexpr bool bwd_v2_cols_step_safe(int cols, int atom_cols) {
+    return cols % atom_cols == 0 || (cols <= atom_cols && (cols & (cols - 1)) == 0);
+}
+
+// Tile configuration (the defaults are the d64 / d128 tile):
+//   BlockM queries per iteration, BlockN keys per CTA, NWarps warps;
+//   SWarpsM: phase-1 warps along the queries (the rest along the keys);
+//   GWarpsN: phase-2 warps along the keys (the rest along the head-dim columns);
+//   QWarpsM: phase-3 warps along the queries (the rest along the head-dim columns);
+//   QStages: 2 = Q / dO / lse / D double-buffered (the next query block is prefetched during
+//            the current one), 1 = single-buffered (the next block is loaded after phase 2,
+//            behind one more barrier, overlapping phase 3 only);
+//   QChunks: phase 3 computes a warp's dQ columns in QChunks passes (fewer live accumulators
+//            at large head dims: A fragments of dS re-read per pass).
+template <int HeadDim, int BlockM = 64, int BlockN = 128, int NWarps = 8, int SWarpsM = 2,
+          int GWarpsN = 4, int QWarpsM = 2, int QStages = 2, int QChunks = 1>
 struct BwdV2Traits {
     static constexpr int kHeadDim = HeadDim;
     static constexpr int kBlockM = BlockM;
@@ -46,36 +69,44 @@ struct BwdV2Traits {
     static constexpr int kNWarps = NWarps;
     static constexpr int kNThreads = NWarps * 32;
     // Phase 1 (S, dP): kSWarpsM x kSWarpsN warps over (queries x keys).
-    static constexpr int kSWarpsM = 2;
+    static constexpr int kSWarpsM = SWarpsM;
     static constexpr int kSWarpsN = NWarps / kSWarpsM;
     static constexpr int kSRows = BlockM / kSWarpsM;  // queries per warp
     static constexpr int kSCols = BlockN / kSWarpsN;  // keys per warp
     // Phase 2 (dV, dK): kGWarpsN x kGWarpsD warps over (keys x head-dim columns).
-    static constexpr int kGWarpsN = 4;
+    static constexpr int kGWarpsN = GWarpsN;
     static constexpr int kGWarpsD = NWarps / kGWarpsN;
     static constexpr int kGRows = BlockN / kGWarpsN;    // keys per warp
     static constexpr int kGCols = HeadDim / kGWarpsD;   // head-dim columns per warp
-    // Phase 3 (dQ): kQWarpsM x kQWarpsD warps over (queries x head-dim columns).
-    static constexpr int kQWarpsM = 2;
+    // Phase 3 (dQ): kQWarpsM x kQWarpsD warps over (queries x head-dim columns), each warp's
+    // kQCols columns in kQChunks passes of kQChunkCols.
+    static constexpr int kQWarpsM = QWarpsM;
     static constexpr int kQWarpsD = NWarps / kQWarpsM;
     static constexpr int kQRows = BlockM / kQWarpsM;
     static constexpr int kQCols = HeadDim / kQWarpsD;
+    static constexpr int kQChunks = QChunks;
+    static constexpr int kQChunkCols = kQCols / QChunks;
+    static constexpr int kQStages = QStages;
 
     using QTile = SwizzledTile<BlockM, HeadDim>;   // Q and dO
     using KVTile = SwizzledTile<BlockN, HeadDim>;  // K and V
     using PTile = SwizzledTile<BlockM, BlockN>;    // P and dS (queries x keys)
     using QCopy = TileCopy<QTile, kNThreads>;
     using KVCopy = TileCopy<KVTile, kNThreads>;
+    // Phase 2 reads dO / Q columns [g_col0, + kGCols), phase 3 K columns [q_col0 + pass
+    // kQChunkCols, + kQChunkCols): one stepped base where the widths allow it.
+    static constexpr bool kGStepSafe = bwd_v2_cols_step_safe(kGCols, QTile::kAtomCols);
+    static constexpr bool kQStepSafe = bwd_v2_cols_step_safe(kQChunkCols, KVTile::kAtomCols);
 
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kSmemKOffset + KVTile::kBytes;
     static constexpr int kSmemQOffset = kSmemVOffset + KVTile::kBytes;  // stage 0
-    // Per query-block stage (two, double-buffered): Q, dO, lse (kBlockM floats), D (kBlockM).
+    // Per query-block stage (kQStages of them): Q, dO, lse (kBlockM floats), D (kBlockM).
     static constexpr int kStageDOOffset = QTile::kBytes;
     static constexpr int kStageLseOffset = 2 * QTile::kBytes;
     static constexpr int kStageDOffset = kStageLseOffset + BlockM * 4;
     static constexpr int kSmemQStageBytes = 2 * QTile::kBytes + 2 * BlockM * 4;
-    static constexpr int kSmemPOffset = kSmemQOffset + 2 * kSmemQStageBytes;
+    static constexpr int kSmemPOffset = kSmemQOffset + QStages * kSmemQStageBytes;
     static constexpr int kSmemDSOffset = kSmemPOffset + PTile::kBytes;
     static constexpr int kSmemPointersOffset = kSmemDSOffset + PTile::kBytes;  // BwdCtaPointers
     static constexpr int kSmemBytes = kSmemPointersOffset + 32;
@@ -89,10 +120,14 @@ struct BwdV2Traits {
         using KVTile = SwizzledTile<BlockN, HeadDim>;
     };
 
-    static_assert(HeadDim == 64 || HeadDim == 128, "v2 covers head dims 64 and 128");
+    static_assert(HeadDim % 32 == 0 && HeadDim <= 256, "v2 head dims: multiples of 32 up to 256");
+    static_assert(NWarps % SWarpsM == 0 && NWarps % GWarpsN == 0 && NWarps % QWarpsM == 0,
+                  "warp grids");
+    static_assert(QStages == 1 || QStages == 2, "one or two query-block stages");
     static_assert(kSRows % 16 == 0 && kSCols % 16 == 0, "phase 1 warp tiles");
     static_assert(kGRows % 16 == 0 && kGCols % 16 == 0, "phase 2 warp tiles");
-    static_assert(kQRows % 16 == 0 && kQCols % 16 == 0, "phase 3 warp tiles");
+    static_assert(kQRows % 16 == 0 && kQCols % QChunks == 0 && kQChunkCols % 16 == 0,
+                  "phase 3 warp tiles");
     static_assert(kSmemQOffset % 128 == 0 && kSmemQStageBytes % 128 == 0 &&
                       kSmemPOffset % 128 == 0 && kSmemDSOffset % 128 == 0,
                   "tiles 128-byte aligned (SwizzledTile::stepped)");
@@ -114,14 +149,48 @@ struct BwdV2Config<128> {
     static constexpr bool kSupported = true;
     using Traits = BwdV2Traits<128>;
 };
+// d256: 64 keys per CTA (dK + dV accumulators 64 x 256 x 2 fp32 = 128 registers per thread),
+// 64 queries per iteration, phase 1 on 2 x 4 warps (32 queries x 16 keys each), phase 2 on
+// 2 x 4 (32 keys x 64 columns), phase 3 on 2 x 4 (32 queries x 64 columns, in two passes of 32
+// columns: 32 live dQ floats instead of 64). Double-buffered Q / dO: 214,048 B of shared memory
+// (needs the H100 / H200's 227 KB; the launcher falls back to bwd.cuh where the device cannot
+// reserve it, e.g. A100's 163 KB).
+template <>
+struct BwdV2Config<256> {
+    static constexpr bool kSupported = true;
+    using Traits = BwdV2Traits<256, 64, 64, 8, 2, 2, 2, 2, 2>;
+};
+// d96: the d128 tile's 128 keys and phase 1; phase 2 on 4 x 2 warps (32 keys x 48 columns),
+// phase 3 on 4 x 2 (16 queries x 48 columns): 96 columns split in 16-multiples only in halves.
+template <>
+struct BwdV2Config<96> {
+    static constexpr bool kSupported = true;
+    using Traits = BwdV2Traits<96, 64, 128, 8, 2, 4, 4, 2, 1>;
+};
+// d160: 64 keys, phase 1 2 x 4 (32 queries x 16 keys), phase 2 4 x 2 (16 keys x 80 columns),
+// phase 3 4 x 2 (16 queries x 80 columns).
+template <>
+struct BwdV2Config<160> {
+    static constexpr bool kSupported = true;
+    using Traits = BwdV2Traits<160, 64, 64, 8, 2, 4, 4, 2, 1>;
+};
+// d192: 64 keys, phase 1 2 x 4, phase 2 2 x 4 (32 keys x 48 columns), phase 3 2 x 4 (32 queries
+// x 48 columns); 164,896 B of shared memory (fits A100's 163 KB).
+template <>
+struct BwdV2Config<192> {
+    static constexpr bool kSupported = true;
+    using Traits = BwdV2Traits<192, 64, 64, 8, 2, 2, 2, 2, 1>;
+};
 
 // acc[kMTiles][kNTiles][4] += A (16 kMTiles rows x 16 kKSteps) * B (16 kKSteps x 8 kNTiles),
 // both from shared memory. B is stored k-major (tile row = k, as dO, Q, K for dV, dK, dQ) and
 // read with ldmatrix.trans. A is stored m-major (tile row = m: dS for dQ, ldmatrix) or, with
 // kATrans, k-major (tile row = k: P / dS read as P^T / dS^T, ldmatrix.trans).
 // a_m0: the warp's first A row (m); b_n0: the warp's first B column (n). A, B start at k = 0.
+// kBStepSafe: b_n0 is such that SwizzledTile::stepped may step the B columns from one per-thread
+// base (bwd_v2_cols_step_safe); otherwise each 16-column pair gets its own base (byte_offset).
 template <typename Element, typename ATile, typename BTile, int kMTiles, int kNTiles, int kKSteps,
-          bool kATrans>
+          bool kATrans, bool kBStepSafe = true>
 __device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMTiles][kNTiles][4], uint32_t a_smem,
                                                int a_m0, uint32_t b_smem, int b_n0, int lane) {
     static_assert(kNTiles % 2 == 0, "B fragments in pairs of 8-column tiles");
@@ -135,6 +204,13 @@ __device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMTiles][kNTiles][4]
                 : a_smem + ATile::byte_offset(a_m0 + lane % 16, 8 * (lane / 16));
     const uint32_t b_base =
         b_smem + BTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2), b_n0 + 8 * (lane / 16));
+    [[maybe_unused]] uint32_t b_pair_base[kBStepSafe ? 1 : kNTiles / 2];
+    if constexpr (!kBStepSafe) {
+        static_for_each<kNTiles / 2>([&](auto np) {
+            b_pair_base[np] = b_smem + BTile::byte_offset(lane % 8 + 8 * ((lane / 8) % 2),
+                                                          b_n0 + 16 * np + 8 * (lane / 16));
+        });
+    }
     static_for_each<kKSteps>([&](auto kk) {
         uint32_t a[kMTiles][4];
         static_for_each<kMTiles>([&](auto mt) {
@@ -146,7 +222,11 @@ __device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMTiles][kNTiles][4]
         });
         static_for_each<kNTiles / 2>([&](auto np) {
             uint32_t b[4];
-            ptx::ldmatrix_x4_trans(b, BTile::template stepped<16 * kk, 16 * np>(b_base));
+            if constexpr (kBStepSafe) {
+                ptx::ldmatrix_x4_trans(b, BTile::template stepped<16 * kk, 16 * np>(b_base));
+            } else {
+                ptx::ldmatrix_x4_trans(b, BTile::template stepped<16 * kk, 0>(b_pair_base[np]));
+            }
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
                 ptx::mma_16816<Element>(acc[mt][2 * np], a[mt], b[0], b[1]);
@@ -193,7 +273,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kGMTiles = Traits::kGRows / 16;  // 16-key tiles per warp (phase 2)
     constexpr int kGNTiles = Traits::kGCols / 8;   // 8-column tiles per warp (phase 2)
     constexpr int kQMTiles = Traits::kQRows / 16;  // 16-query tiles per warp (phase 3)
-    constexpr int kQNTiles = Traits::kQCols / 8;   // 8-column tiles per warp (phase 3)
+    constexpr int kQNTiles = Traits::kQChunkCols / 8;  // 8-column tiles per warp and pass (3)
 
     unsigned char* smem = ptx::dynamic_smem();
     const uint32_t smem_base = ptx::smem_addr(smem);
@@ -330,13 +410,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
             const int m0 = m_block * kBlockM;
             const int valid_q = min(kBlockM, seqlen_q - m0);
-            const int stage = (m_block - m_block_min) & 1;
+            const int stage = Traits::kQStages == 2 ? (m_block - m_block_min) & 1 : 0;
             ptx::cp_async_wait<0>();  // this block's inputs (and, first, K and V) have landed
             // Barrier B1: every thread's copies are visible; every warp is done with the
             // previous query block (the other stage buffer, refilled next, and the P / dS
             // tiles, rewritten in phase 1).
             __syncthreads();
-            if (m_block + 1 < m_block_max) load_query_block(m_block + 1, stage ^ 1);
+            if constexpr (Traits::kQStages == 2) {
+                if (m_block + 1 < m_block_max) load_query_block(m_block + 1, stage ^ 1);
+            }
             const uint32_t stage_base =
                 smem_base + Traits::kSmemQOffset + stage * Traits::kSmemQStageBytes;
             const uint32_t smem_q = stage_base;
@@ -487,13 +569,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             __syncthreads();
 
             // ---- Phase 2: dV += P^T dO, dK += dS^T Q on the (keys x columns) warp grid ----
-            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true>(
-                acc_dv, smem_p, bwd_fresh(g_row0), smem_do, bwd_fresh(g_col0), lane);
-            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true>(
-                acc_dk, smem_ds, bwd_fresh(g_row0), smem_q, bwd_fresh(g_col0), lane);
+            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true,
+                           Traits::kGStepSafe>(acc_dv, smem_p, bwd_fresh(g_row0), smem_do,
+                                               bwd_fresh(g_col0), lane);
+            warp_gemm_smem<Element, PTile, QTile, kGMTiles, kGNTiles, kBlockM / 16, true,
+                           Traits::kGStepSafe>(acc_dk, smem_ds, bwd_fresh(g_row0), smem_q,
+                                               bwd_fresh(g_col0), lane);
+
+            if constexpr (Traits::kQStages == 1) {
+                // Barrier B3 (single stage only): every warp is done with Q / dO (phase 2)
+                // and lse / D (phase 1); the next block's copies overlap phase 3, which reads
+                // only dS and K.
+                __syncthreads();
+                if (m_block + 1 < m_block_max) load_query_block(m_block + 1, 0);
+            }
 
             // ---- Phase 3: dQ += dS K on the (queries x columns) warp grid ----
-            {
+            #pragma unroll
+            for (int chunk = 0; chunk < Traits::kQChunks; ++chunk) {
                 float acc_dq[kQMTiles][kQNTiles][4];
 #pragma unroll
                 for (int mt = 0; mt < kQMTiles; ++mt) {
@@ -504,9 +597,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     }
                 }
                 const int qrow0 = bwd_fresh(q_row0);
-                const int qcol0 = bwd_fresh(q_col0);
-                warp_gemm_smem<Element, PTile, KVTile, kQMTiles, kQNTiles, kBlockN / 16, false>(
-                    acc_dq, smem_ds, qrow0, smem_k, qcol0, lane);
+                const int qcol0 = bwd_fresh(q_col0) + chunk * Traits::kQChunkCols;
+                warp_gemm_smem<Element, PTile, KVTile, kQMTiles, kQNTiles, kBlockN / 16, false,
+                               Traits::kQStepSafe>(acc_dq, smem_ds, qrow0, smem_k, qcol0, lane);
                 const int lane_q = bwd_fresh(lane);
 #pragma unroll
                 for (int mt = 0; mt < kQMTiles; ++mt) {
