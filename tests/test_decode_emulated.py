@@ -241,8 +241,8 @@ FEATURE_SEEDS = {"plain": 1, "causal": 2, "window": 3, "softcap": 4, "alibi": 5}
 
 
 def test_keysplit_switch_leaves_dropout_on_decode64_emulated():
-    """Dropout calls keep the 64-row decode tile with FLASH_CUDA_DECODE_KEYSPLIT=1 (the key-split
-    tile has no dropout code): bitwise the same output as with the switch off."""
+    """Dropout calls keep the 64-row decode tile with the key-split tile enabled (it has no dropout
+    code): bitwise the same output as with the switch off."""
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(2, 5, 2, 128, generator=gen).to(torch.bfloat16)
     k = torch.randn(2, 77, 2, 128, generator=gen).to(torch.bfloat16)

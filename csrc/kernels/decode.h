@@ -31,17 +31,19 @@ inline bool uses_decode_tile(const FwdParams& p) {
     return p.seqlen_q <= 64 || p.block_table != nullptr || p.gqa_pack > 1;
 }
 // The key-split decode tile (kernels/sm80/decode_keysplit.cuh: 16 query rows and the 4 warps
-// split each key block 4 ways, or 32 rows as 2 row slices x 2 key slices), opt-in for A/B runs:
-// FLASH_CUDA_DECODE_KEYSPLIT=1 in the environment, read once per process (host side). It takes
-// the decode-tile calls whose tiles have at most kKeySplitMaxRows rows (seqlen_q x GQA pack <=
-// 32; keysplit_rows) and no dropout, at the head dims that have it compiled in
-// (sm80::kHasKeySplitTile: the launcher checks that). Same key blocks, stages and CTAs per SM as
-// the 64-row decode tile, so the split count below is unchanged.
+// split each key block 4 ways, or 32 rows as 2 row slices x 2 key slices) takes the decode-tile
+// calls whose tiles have at most kKeySplitMaxRows rows (seqlen_q x GQA pack <= 32;
+// keysplit_rows) and no dropout, at the head dims that have it compiled in
+// (sm80::kHasKeySplitTile: the launcher checks that); 0-9% faster than the 64-row tile on the
+// small decode cells (bench/NOTES.md run 23). FLASH_CUDA_DECODE_KEYSPLIT=0 in the environment
+// (read once per process, host side) keeps every call on the 64-row tile (A/B runs). Same key
+// blocks, stages and CTAs per SM as the 64-row decode tile, so the split count below is
+// unchanged.
 constexpr int kKeySplitMaxRows = 32;
-inline bool keysplit_requested() {
+inline bool keysplit_enabled() {
     static const bool on = [] {
         const char* value = std::getenv("FLASH_CUDA_DECODE_KEYSPLIT");
-        return value != nullptr && value[0] == '1' && value[1] == '\0';
+        return !(value != nullptr && value[0] == '0' && value[1] == '\0');
     }();
     return on;
 }
@@ -50,7 +52,7 @@ inline int64_t keysplit_rows(const FwdParams& p) {
     return static_cast<int64_t>(p.seqlen_q) * (p.gqa_pack > 1 ? p.gqa_pack : 1);
 }
 inline bool uses_keysplit_tile(const FwdParams& p) {
-    if (!keysplit_requested() || !uses_decode_tile(p) || p.p_keep < 1.f) return false;
+    if (!keysplit_enabled() || !uses_decode_tile(p) || p.p_keep < 1.f) return false;
     return keysplit_rows(p) <= kKeySplitMaxRows;
 }
 

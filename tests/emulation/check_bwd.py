@@ -1,7 +1,7 @@
 """Checks the sm80 backward kernels on the CPU emulator against the fp64 naive oracle.
 
     /work/venv/bin/python tests/emulation/check_bwd.py [--quick] [--d=64|--d=128]
-    (d64 / d96 / d128 / d160 / d192 / d256 without dropout run bwd_v2.cuh, as the launcher does;
+    (d64 / d96 / d128 / d192 / d256 without dropout run bwd_v2.cuh, as the launcher does;
     the rest bwd.cuh; FLASH_CUDA_EMU_BWD_TILE=n: the v2 tuning variant n of bwd_tune_configs.h)
 
 Rule (DESIGN.md section 9, gradients): max|g - g_ref| <= 3 max|g_pt - g_ref| + 1e-5, g_ref from

@@ -94,8 +94,8 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     Dropout: dropout_p with rng_state = (seed, offset) (the mask of csrc/kernels/philox.cuh);
     philox_on_device passes them as device pointers (the CUDA-graph path), and the kernel writes
     the rng_state it used, returned third with return_rng_state.
-    keysplit: True / False set FLASH_CUDA_DECODE_KEYSPLIT=1 / 0 for the run (the opt-in key-split
-    decode tile, kernels/decode.h), None leaves the environment as it is. The emulator's stdout
+    keysplit: True / False set FLASH_CUDA_DECODE_KEYSPLIT=1 / 0 for the run (the key-split decode
+    tile, on by default, kernels/decode.h), None leaves the environment as it is. The emulator's stdout
     (which says which tile ran) is kept in LAST_STDOUT."""
     global LAST_STDOUT
     varlen = cu_seqlens_q is not None

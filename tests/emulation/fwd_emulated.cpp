@@ -93,7 +93,7 @@ void run(FwdParams& params) {
     using namespace flash_cuda::sm80;
     if (params.seqlen_q <= FwdDecodeConfig<EMU_HEAD_DIM>::kBlockM || params.block_table != nullptr ||
         params.gqa_pack > 1) {
-        // The opt-in key-split tile (FLASH_CUDA_DECODE_KEYSPLIT=1, as the launcher).
+        // The key-split tile (unless FLASH_CUDA_DECODE_KEYSPLIT=0, as the launcher).
         if constexpr (kHasKeySplitTile<EMU_HEAD_DIM>) {
             if (flash_cuda::decode::uses_keysplit_tile(params)) {
                 using Config = FwdDecodeKeySplitConfig<EMU_HEAD_DIM>;

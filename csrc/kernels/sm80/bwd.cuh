@@ -91,7 +91,8 @@ struct BwdTraits {
     // (and dQ). One HeadDim-wide accumulator per thread instead of two (d256: 128 fp32
     // registers instead of 256; one pass spilled 0.5-1.2 KB per thread there), for one extra
     // S^T GEMM (6 GEMMs per query block instead of 5) and a second read of Q, dO, lse.
-    // d160 and d192 keep one pass (d192 spills 136-192 B and is still faster than two, run 22).
+    // d160 and d192 keep one pass (d192 spills 136-192 B and is still faster than two, run 22;
+    // only d192 dropout runs this kernel now, the rest of d192 runs bwd_v2.cuh).
     static constexpr bool kTwoPass = HeadDim >= FLASH_CUDA_BWD_TWO_PASS_MIN_HDIM;
     static constexpr int kKeyTiles = BlockN / (16 * NWarps);
     static constexpr int kDTiles = HeadDim / 8;

@@ -30,9 +30,10 @@
 #include "kernels/sm80/bwd_tune_configs.h"
 #endif
 
-// Which main kernel: head dims with a BwdV2Config (64, 128, 256) run mha_bwd_sm80_v2_kernel
-// (bwd_v2.cuh, FA2-style warp grids; 1.00-1.08x faster fwd+bwd at d128 than bwd.cuh, bench/NOTES
-// run 19) except with dropout, and except where the device cannot reserve the v2 tile's shared
+// Which main kernel: head dims with a BwdV2Config (64, 96, 128, 192, 256) run
+// mha_bwd_sm80_v2_kernel (bwd_v2.cuh, FA2-style warp grids; faster fwd+bwd than bwd.cuh: d128
+// +5-10% (bench/NOTES run 19), d256 +30-50%, d96 +6-21%, d192 +4-6% (run 23)) except with
+// dropout, and except where the device cannot reserve the v2 tile's shared
 // memory (d256: 214 KB, more than A100's 163 KB); those and every other head dim run
 // mha_bwd_sm80_kernel. Tuning builds (FLASH_CUDA_BWD_TUNING): FLASH_CUDA_BWD_TILE=<n> picks
 // variant n of bwd_tune_configs.h instead of BwdV2Config where it exists.

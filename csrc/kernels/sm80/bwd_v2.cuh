@@ -1,8 +1,8 @@
 // Second sm80 backward main kernel: the work of a query block split over warp grids of
 // (queries x keys) and (keys x head-dim columns) instead of "each warp owns 16 keys" (bwd.cuh).
-// The launcher (bwd_launch.cuh) runs it at head dims 64, 128 and 256 (BwdV2Config): causal /
-// window, softcap, ALiBi, GQA, varlen, deterministic; dropout and every other head dim keep
-// mha_bwd_sm80_kernel (bwd.cuh), whose preprocess / convert kernels, workspaces, BwdParams and
+// The launcher (bwd_launch.cuh) runs it at head dims 64, 96, 128, 192 and 256 (BwdV2Config):
+// causal / window, softcap, ALiBi, GQA, varlen, deterministic; dropout and every other head dim
+// keep mha_bwd_sm80_kernel (bwd.cuh), whose preprocess / convert kernels, workspaces, BwdParams and
 // deterministic mode this kernel shares.
 //
 // One CTA per (key block of kBlockN keys, batch, query head), kNWarps warps (BwdV2Traits: the
@@ -167,13 +167,9 @@ struct BwdV2Config<96> {
     static constexpr bool kSupported = true;
     using Traits = BwdV2Traits<96, 64, 128, 8, 2, 4, 4, 2, 1>;
 };
-// d160: 64 keys, phase 1 2 x 4 (32 queries x 16 keys), phase 2 4 x 2 (16 keys x 80 columns),
-// phase 3 4 x 2 (16 queries x 80 columns).
-template <>
-struct BwdV2Config<160> {
-    static constexpr bool kSupported = true;
-    using Traits = BwdV2Traits<160, 64, 64, 8, 2, 4, 4, 2, 1>;
-};
+// d160 keeps bwd.cuh: its v2 tile (64 keys, grids 2 x 4 / 4 x 2 / 4 x 2: BwdV2Traits<160, 64,
+// 64, 8, 2, 4, 4, 2, 1>) measured 1.02-1.09x FA2 fwd+bwd against bwd.cuh's 1.07-1.18x
+// (bench/NOTES.md run 23).
 // d192: 64 keys, phase 1 2 x 4, phase 2 2 x 4 (32 keys x 48 columns), phase 3 2 x 4 (32 queries
 // x 48 columns); 164,896 B of shared memory (fits A100's 163 KB).
 template <>

@@ -23,8 +23,8 @@
 // Everything else of fwd.cuh's kernel is unchanged: masks, ALiBi and softcap take the warp's
 // key offset in the column (mask.cuh col0), split-KV, paged K/V, GQA packing (params.gqa_pack),
 // cache_seqlens / leftpad / cache_batch_idx. No dropout (the host keeps dropout calls on the
-// 64-row decode tile). Selected by the host (fwd_launch.cuh) when FLASH_CUDA_DECODE_KEYSPLIT=1
-// and a tile has at most 32 rows (kernels/decode.h uses_keysplit_tile).
+// 64-row decode tile). Selected by the host (fwd_launch.cuh) when a tile has at most 32 rows,
+// unless FLASH_CUDA_DECODE_KEYSPLIT=0 (kernels/decode.h uses_keysplit_tile).
 #pragma once
 
 #include <cmath>
@@ -110,8 +110,8 @@ struct FwdKeySplitTraits {
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
 };
 
-// Head dims with a key-split tile compiled in (the others, and every call without
-// FLASH_CUDA_DECODE_KEYSPLIT=1, take the 64-row decode tile). d192 would work as well (head dim
+// Head dims with a key-split tile compiled in (the others, and every call with
+// FLASH_CUDA_DECODE_KEYSPLIT=0, take the 64-row decode tile). d192 would work as well (head dim
 // a multiple of 64); left out to keep the build small.
 template <int HeadDim>
 constexpr bool kHasKeySplitTile = HeadDim == 64 || HeadDim == 128 || HeadDim == 256;

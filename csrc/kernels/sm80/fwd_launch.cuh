@@ -144,8 +144,8 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
         if (sm80::launch_decode_variant<Element, HeadDim, Causal>(params, stream)) return;
 #endif
         using Decode = typename sm80::FwdDecodeConfig<HeadDim>::Traits;
-        // Opt-in key-split tile (decode_keysplit.cuh; FLASH_CUDA_DECODE_KEYSPLIT=1) for tiles of
-        // at most 16 rows (4 key slices) or 32 rows (2 x 2); dropout stays on the 64-row tile.
+        // Key-split tile (decode_keysplit.cuh; off with FLASH_CUDA_DECODE_KEYSPLIT=0) for tiles
+        // of at most 16 rows (4 key slices) or 32 rows (2 x 2); dropout stays on the 64-row tile.
         if constexpr (sm80::kHasKeySplitTile<HeadDim>) {
             if (decode::uses_keysplit_tile(params)) {
                 using KeySplitConfig = sm80::FwdDecodeKeySplitConfig<HeadDim>;
