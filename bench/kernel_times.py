@@ -8,7 +8,8 @@ explains its ratios.
     PYTHONPATH=. python3 bench/kernel_times.py --eager 1,1024
 
 --prefill d,seqlen[,causal]: bf16, batch x seqlen = 16384 tokens, hidden 2048 (ANCHORS grid),
-forward + backward. --decode b,kv_len: one query token, 32/8 heads, d128, bf16 KV cache.
+forward + backward. --decode b,kv_len[,kv_heads]: one query token, 32 query heads (8 KV heads
+unless given), d128, bf16 KV cache.
 Per case and implementation: each kernel's mean time per call (us), calls per call, and the sum.
 """
 
@@ -85,8 +86,8 @@ def prefill(d, seqlen, causal):
     show(f"fwd+bwd d{d} s{seqlen} b{b} h{h}{' causal' if causal else ''}", tables)
 
 
-def decode(b, kv):
-    hq, hkv, d = 32, 8, 128
+def decode(b, kv, hkv=8):
+    hq, d = 32, 128
     q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
     kc, vc = (torch.randn(b, kv, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     seqlens = torch.full((b,), kv, dtype=torch.int32, device="cuda")
@@ -149,15 +150,14 @@ def eager(b, kv, calls=200):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prefill", action="append", default=[], help="d,seqlen[,causal]")
-    p.add_argument("--decode", action="append", default=[], help="batch,kv_len")
+    p.add_argument("--decode", action="append", default=[], help="batch,kv_len[,kv_heads (8)]")
     p.add_argument("--eager", action="append", default=[], help="batch,kv_len (host cost)")
     args = p.parse_args()
     for spec in args.prefill:
         parts = spec.split(",")
         prefill(int(parts[0]), int(parts[1]), len(parts) > 2 and parts[2] == "causal")
     for spec in args.decode:
-        b, kv = (int(x) for x in spec.split(","))
-        decode(b, kv)
+        decode(*(int(x) for x in spec.split(",")))
     for spec in args.eager:
         b, kv = (int(x) for x in spec.split(","))
         eager(b, kv)
