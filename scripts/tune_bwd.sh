@@ -6,14 +6,20 @@
 # same process as each. Variant 0 = BwdV2Config, 1..3 = bwd_tune_configs.h, 9 = bwd.cuh.
 # TUNE_TESTS=1 also runs tests/test_bwd_gpu.py under each variant (TUNE_TEST_ARGS: extra
 # pytest arguments, e.g. -k "hdim256"). Needs $OUT. Head dims / seqlens via TUNE_BENCH_ARGS.
+# If the build and all five bench runs do not fit one 600 s device call, split it:
+#   OUT=$OUT TUNE_VARIANTS="0 9" bash scripts/tune_bwd.sh                 (build, v2 vs bwd.cuh)
+#   OUT=$OUT SKIP_BUILD=1 TUNE_VARIANTS="1 2 3" bash scripts/tune_bwd.sh  (same warm machine)
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 ARGS=${TUNE_BENCH_ARGS:---modes fwdbwd --heads-dims 64,128,256 --seqlens 1024,4096,16384 --causal both --no-gqa}
-FLASH_CUDA_BWD_TUNING=1 FLASH_CUDA_HEADDIMS=${FLASH_CUDA_HEADDIMS:-64,128,256} SKIP_BENCH=1 \
-    SKIP_TESTS=${SKIP_TESTS:-1} DEADLINE=400 bash scripts/gpu_check.sh > "$OUT/check.log" 2>&1
-tail -n 12 "$OUT/check.log"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then  # SKIP_BUILD=1: a second call on the same warm machine
+    FLASH_CUDA_BWD_TUNING=1 FLASH_CUDA_HEADDIMS=${FLASH_CUDA_HEADDIMS:-64,128,256} SKIP_BENCH=1 \
+        SKIP_TESTS=${SKIP_TESTS:-1} DEADLINE=${BUILD_DEADLINE:-420} bash scripts/gpu_check.sh \
+        > "$OUT/check.log" 2>&1
+    tail -n 12 "$OUT/check.log"
+fi
 eval "targs=(${TUNE_TEST_ARGS:-})"
 for v in ${TUNE_VARIANTS:-0 1 2 3 9}; do
     if [ "${TUNE_TESTS:-0}" = 1 ]; then
