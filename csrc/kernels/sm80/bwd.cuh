@@ -795,7 +795,8 @@ __global__ void mha_bwd_convert_dq_kernel(const __grid_constant__ BwdParams para
     Element* dq = reinterpret_cast<Element*>(params.dq_ptr);
     const int splits = params.deterministic ? params.num_splits : 1;
     for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-         idx < static_cast<int64_t>(rows) * kChunks; idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+         idx < static_cast<int64_t>(rows) * kChunks;
+         idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int col = 8 * static_cast<int>(idx % kChunks);
         const int row = static_cast<int>(idx / kChunks);  // fixed: batch * seqlen_q + row
         if (col >= params.d) continue;
@@ -837,7 +838,8 @@ __global__ void mha_bwd_convert_dkv_kernel(const __grid_constant__ BwdParams par
     const int64_t head_stride =
         (varlen ? static_cast<int64_t>(params.total_k) : params.seqlen_k_rounded) * HeadDim;
     for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-         idx < static_cast<int64_t>(rows) * kChunks; idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+         idx < static_cast<int64_t>(rows) * kChunks;
+         idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int col = 8 * static_cast<int>(idx % kChunks);
         const int row = static_cast<int>(idx / kChunks);  // fixed: batch * seqlen_k + row
         if (col >= params.d) continue;

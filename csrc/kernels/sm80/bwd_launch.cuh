@@ -7,10 +7,11 @@
 // seqlen_*_rounded multiples of 128. Varlen (cu_seqlens_q / cu_seqlens_k, total_q, total_k,
 // seqlen_q / seqlen_k = the max lengths): dq_accum zeroed (splits, h, total_q, HeadDim), dk / dv
 // workspaces (h, total_k, HeadDim) unless dkv_direct (then dk / dv zeroed: packed rows of no
-// sequence), dsoftmax_sum (h, total_q). dq / dk / dv contiguous, d a multiple of 8. splits = num_splits when
-// deterministic (dq_accum_split_stride floats apart), else 1. Dropout (p_keep < 1) is a template
-// flag of the main kernel, compiled without softcap / ALiBi only (the host routes dropout with
-// those, varlen or deterministic to the reference), which keeps the build small.
+// sequence), dsoftmax_sum (h, total_q). dq / dk / dv contiguous, d a multiple of 8.
+// splits = num_splits when deterministic (dq_accum_split_stride floats apart), else 1.
+// Dropout (p_keep < 1) is a template flag of the main kernel, compiled without softcap / ALiBi
+// only (the host routes dropout with those, varlen or deterministic to the reference), which
+// keeps the build small.
 #pragma once
 
 #include <cuda_runtime.h>
