@@ -249,6 +249,66 @@ struct BwdCtaPointers {
     const void* d_o;
     const float* lse;
     const float* dsum;
+
+    // Written by thread 0 of the CTA (visible after the next barrier).
+    template <typename Element>
+    __device__ __forceinline__ void init(const BwdParams& params, const BwdSequence& seq,
+                                         int head) {
+        q = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
+            head * params.q_head_stride;
+        d_o = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
+              head * params.do_head_stride;
+        lse = params.softmax_lse_ptr + seq.lse_row0;
+        dsum = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
+    }
+};
+
+// The forward's mask (fwd.cuh) for one sequence: window as normalised by the host,
+// per-sequence lengths.
+template <bool Causal>
+__device__ __forceinline__ AttentionMask bwd_attention_mask(const BwdParams& params,
+                                                            const BwdSequence& seq) {
+    AttentionMask mask;
+    mask.seqlen_k = seq.seqlen_k;
+    mask.diag = seq.seqlen_k - seq.seqlen_q;
+    mask.window_left = params.window_size_left;
+    mask.window_right = Causal ? 0 : params.window_size_right;
+    return mask;
+}
+
+// ALiBi slope of (batch, head) in base-2 score units (slope log2(e)).
+__device__ __forceinline__ float bwd_alibi_slope_log2(const BwdParams& params, int batch,
+                                                      int head) {
+    return reinterpret_cast<const float*>(
+               params.alibi_slopes_ptr)[batch * params.alibi_slopes_batch_stride + head] *
+           static_cast<float>(M_LOG2E);
+}
+
+// The CTA's fp32 dQ accumulator rows of this (batch, head); deterministic: its own slice.
+template <int HeadDim>
+__device__ __forceinline__ float* bwd_dq_head(const BwdParams& params, const BwdSequence& seq) {
+    return reinterpret_cast<float*>(params.dq_accum_ptr) +
+           (params.deterministic ? blockIdx.x * params.dq_accum_split_stride : 0) +
+           seq.acc_row0 * HeadDim;
+}
+
+// Query blocks [min, max) of kBlockM rows that see some key of [n0, n0 + valid_keys):
+//   j >= i + begin_shift and j < i + end_shift  =>  n0 - end_shift < i <= last - begin_shift.
+struct BwdQueryBlocks {
+    int min, max;
+
+    template <int kBlockM>
+    __device__ __forceinline__ static BwdQueryBlocks make(const KeyRange& range, int n0,
+                                                          int valid_keys, int seqlen_q) {
+        int64_t q_lo = static_cast<int64_t>(n0) - range.end_shift + 1;
+        q_lo = q_lo < 0 ? 0 : q_lo;
+        int64_t q_hi = static_cast<int64_t>(n0) + valid_keys - range.begin_shift;  // exclusive
+        q_hi = q_hi > seqlen_q ? seqlen_q : q_hi;
+        BwdQueryBlocks blocks;
+        blocks.min = static_cast<int>(q_lo / kBlockM);
+        blocks.max = q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : blocks.min;
+        return blocks;
+    }
 };
 
 // D = rowsum(dO * O), fp32: (b, h, seqlen_q_rounded), or (h, total_q) varlen. One warp per
@@ -374,12 +434,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int seqlen_q = seq.seqlen_q;
     const int seqlen_k = seq.seqlen_k;
 
-    // The forward's mask (fwd.cuh): window as normalised by the host, per-sequence lengths.
-    AttentionMask mask;
-    mask.seqlen_k = seqlen_k;
-    mask.diag = seqlen_k - seqlen_q;
-    mask.window_left = params.window_size_left;
-    mask.window_right = Causal ? 0 : params.window_size_right;
+    const AttentionMask mask = bwd_attention_mask<Causal>(params, seq);
     const KeyRange range = KeyRange::make(mask);
 
     // Score units (base 2): plain x = s scale log2(e); softcap x = tanh(s scale / softcap)
@@ -388,27 +443,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // recomputed exactly as the forward computed it.)
     const float score_log2 = HasSoftcap ? params.softcap_log2 : params.scale_softmax_log2;
     const float softcap_pre_scale = HasSoftcap ? params.softcap_pre_scale : 0.f;
-    float alibi_slope_log2 = 0.f;
-    if constexpr (HasAlibi) {
-        alibi_slope_log2 = reinterpret_cast<const float*>(
-                               params.alibi_slopes_ptr)[batch * params.alibi_slopes_batch_stride +
-                                                        head] *
-                           static_cast<float>(M_LOG2E);
-    }
+    const float alibi_slope_log2 = HasAlibi ? bwd_alibi_slope_log2(params, batch, head) : 0.f;
 
-    // Deterministic: this CTA's own dq_accum slice.
-    float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
-                     (params.deterministic ? blockIdx.x * params.dq_accum_split_stride : 0) +
-                     seq.acc_row0 * Traits::kHeadDim;
+    float* dq_head = bwd_dq_head<Traits::kHeadDim>(params, seq);
     if (tid == 0) {  // visible after the barrier at the top of the first key block
-        BwdCtaPointers& ptrs =
-            *reinterpret_cast<BwdCtaPointers*>(smem + Traits::kSmemPointersOffset);
-        ptrs.q = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
-                 head * params.q_head_stride;
-        ptrs.d_o = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
-                   head * params.do_head_stride;
-        ptrs.lse = params.softmax_lse_ptr + seq.lse_row0;
-        ptrs.dsum = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
+        reinterpret_cast<BwdCtaPointers*>(smem + Traits::kSmemPointersOffset)
+            ->template init<Element>(params, seq, head);
     }
     const int warp_key0 = warp * 16 * kKeyTiles;  // in the tile
 
@@ -418,15 +458,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int valid_keys = min(kBlockN, seqlen_k - n0);
         __syncthreads();  // every warp is done with the previous key block's K (dQ GEMM)
 
-        // Queries i that see some key j of [n0, n0 + valid_keys):
-        //   j >= i + begin_shift and j < i + end_shift  =>  n0 - end_shift < i <= last - begin_shift.
-        int64_t q_lo = static_cast<int64_t>(n0) - range.end_shift + 1;
-        q_lo = q_lo < 0 ? 0 : q_lo;
-        int64_t q_hi = static_cast<int64_t>(n0) + valid_keys - range.begin_shift;  // exclusive
-        q_hi = q_hi > seqlen_q ? seqlen_q : q_hi;
-        const int m_block_min = static_cast<int>(q_lo / kBlockM);
-        const int m_block_max =
-            q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_block_min;
+        const BwdQueryBlocks m_blocks =
+            BwdQueryBlocks::make<kBlockM>(range, n0, valid_keys, seqlen_q);
+        const int m_block_min = m_blocks.min;
+        const int m_block_max = m_blocks.max;
 
         // The K / V pointers are re-derived per key block (opaque indices: not hoisted), so
         // they are not kept (spilled) through the query loop, which wants every register.

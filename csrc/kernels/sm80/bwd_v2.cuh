@@ -287,36 +287,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int seqlen_q = seq.seqlen_q;
     const int seqlen_k = seq.seqlen_k;
 
-    AttentionMask mask;
-    mask.seqlen_k = seqlen_k;
-    mask.diag = seqlen_k - seqlen_q;
-    mask.window_left = params.window_size_left;
-    mask.window_right = Causal ? 0 : params.window_size_right;
+    const AttentionMask mask = bwd_attention_mask<Causal>(params, seq);
     const KeyRange range = KeyRange::make(mask);
     // Score units (base 2), as bwd.cuh: plain x = s scale log2(e); softcap x = tanh(s scale /
     // softcap) softcap log2(e); ALiBi then subtracts slope log2(e) |i + diag - j|.
     const float score_log2 = HasSoftcap ? params.softcap_log2 : params.scale_softmax_log2;
     const float softcap_pre_scale = HasSoftcap ? params.softcap_pre_scale : 0.f;
-    float alibi_slope_log2 = 0.f;
-    if constexpr (HasAlibi) {
-        alibi_slope_log2 = reinterpret_cast<const float*>(
-                               params.alibi_slopes_ptr)[batch * params.alibi_slopes_batch_stride +
-                                                        head] *
-                           static_cast<float>(M_LOG2E);
-    }
+    const float alibi_slope_log2 = HasAlibi ? bwd_alibi_slope_log2(params, batch, head) : 0.f;
 
-    float* dq_head = reinterpret_cast<float*>(params.dq_accum_ptr) +
-                     (params.deterministic ? blockIdx.x * params.dq_accum_split_stride : 0) +
-                     seq.acc_row0 * kHeadDim;
+    float* dq_head = bwd_dq_head<kHeadDim>(params, seq);
     if (tid == 0) {  // visible after the barrier at the top of the first key block
-        BwdCtaPointers& ptrs =
-            *reinterpret_cast<BwdCtaPointers*>(smem + Traits::kSmemPointersOffset);
-        ptrs.q = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset +
-                 head * params.q_head_stride;
-        ptrs.d_o = reinterpret_cast<const Element*>(params.do_ptr) + seq.do_offset +
-                   head * params.do_head_stride;
-        ptrs.lse = params.softmax_lse_ptr + seq.lse_row0;
-        ptrs.dsum = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
+        reinterpret_cast<BwdCtaPointers*>(smem + Traits::kSmemPointersOffset)
+            ->template init<Element>(params, seq, head);
     }
 
     // Warp positions in the three grids.
@@ -334,13 +316,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // stage buffers) before they are refilled.
         __syncthreads();
 
-        int64_t q_lo = static_cast<int64_t>(n0) - range.end_shift + 1;
-        q_lo = q_lo < 0 ? 0 : q_lo;
-        int64_t q_hi = static_cast<int64_t>(n0) + valid_keys - range.begin_shift;  // exclusive
-        q_hi = q_hi > seqlen_q ? seqlen_q : q_hi;
-        const int m_block_min = static_cast<int>(q_lo / kBlockM);
-        const int m_block_max =
-            q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_block_min;
+        const BwdQueryBlocks m_blocks =
+            BwdQueryBlocks::make<kBlockM>(range, n0, valid_keys, seqlen_q);
+        const int m_block_min = m_blocks.min;
+        const int m_block_max = m_blocks.max;
 
         {
             const int batch_o = ptx::opaque(batch), head_o = ptx::opaque(head);
