@@ -349,16 +349,84 @@ __global__ void mha_bwd_preprocess_kernel(const __grid_constant__ BwdParams para
     if (lane == 0) reinterpret_cast<float*>(params.dsoftmax_sum)[out_index] = sum;
 }
 
-// Query side of the mask for S^T fragments: element (mt, nt, e) holds key
-// key0 + 16 mt + 8 (e / 2) and query q0 + 8 nt + (e % 2). Returns whether it is visible.
-__device__ __forceinline__ bool key_visible(const KeyRange& range, int key, int query) {
-    return key >= query + range.begin_shift && key < min(range.seqlen_k, query + range.end_shift);
-}
-
 // x, recomputed where used (opaque to the compiler, so lane-derived addresses are rebuilt in
 // the query loop instead of being kept -- or spilled -- through it).
 __device__ __forceinline__ int bwd_fresh(int x) {
     return ptx::opaque(x);
+}
+
+// One recomputed score, as the forward computed it, in base-2 units relative to the row's lse:
+// returns log2 p for the raw score s (= q.k) and sets dscore = d(final score) / d(scale s)
+// (1 - t^2 with softcap, t the tanh value; else 1). alibi_distance = |i + diag - j| (unused
+// without ALiBi).
+template <bool HasSoftcap, bool HasAlibi>
+__device__ __forceinline__ float bwd_score_log2_p(float s, float& dscore, float score_log2,
+                                                  float softcap_pre_scale, float alibi_slope_log2,
+                                                  int alibi_distance, float lse_log2) {
+    float x = s;
+    if constexpr (!HasSoftcap && !HasAlibi) {
+        x = fmaf(x, score_log2, -lse_log2);
+    } else {
+        if constexpr (HasSoftcap) {
+            const float t = ptx::tanh_approx(x * softcap_pre_scale);
+            dscore = fmaf(-t, t, 1.f);
+            x = t;
+        }
+        x *= score_log2;
+        if constexpr (HasAlibi) {
+            x = fmaf(-alibi_slope_log2, static_cast<float>(alibi_distance), x);
+        }
+        x -= lse_log2;
+    }
+    return x;
+}
+
+// K and V rows [n0, n0 + valid_keys) of the (batch, head)'s KV head -> smem_k / smem_v
+// (cp.async, one group; rows past valid_keys zero-filled). The pointers are re-derived per key
+// block (opaque indices: not hoisted), so they are not kept (spilled) through the query loop.
+template <typename Element, typename KVCopy>
+__device__ __forceinline__ void load_bwd_kv_block(const BwdParams& params, int batch, int head,
+                                                  int n0, int valid_keys, uint32_t smem_k,
+                                                  uint32_t smem_v, int tid) {
+    const int batch_o = ptx::opaque(batch), head_o = ptx::opaque(head);
+    const BwdSequence seq_o = BwdSequence::make(params, batch_o, head_o);
+    const int kv_head = head_o / params.h_h_k_ratio;
+    const Element* k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq_o.k_offset +
+                           kv_head * params.k_head_stride;
+    const Element* v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq_o.v_offset +
+                           kv_head * params.v_head_stride;
+    KVCopy::load_async(smem_k, k_seq + static_cast<int64_t>(n0) * params.k_row_stride,
+                       params.k_row_stride, valid_keys, params.d, bwd_fresh(tid));
+    KVCopy::load_async(smem_v, v_seq + static_cast<int64_t>(n0) * params.v_row_stride,
+                       params.v_row_stride, valid_keys, params.d, bwd_fresh(tid));
+    ptx::cp_async_commit();
+}
+
+// Query-block inputs of rows [m0, m0 + valid_q): Q and dO tiles, lse and D (kBlockM floats
+// each), all with cp.async, one group. Rows past valid_q are zero-filled: zero Q and dO rows
+// and D = 0 make every product they enter zero, and their dQ rows are not written. The
+// per-head pointers come from shared memory (written once by thread 0), not registers kept
+// through the query loop (at d128 ptxas spilled them there).
+template <typename Element, typename QCopy, int kBlockM, int kNThreads>
+__device__ __forceinline__ void load_bwd_query_block(const BwdParams& params,
+                                                     const BwdCtaPointers& ptrs, int m0,
+                                                     int valid_q, uint32_t q_dst, uint32_t do_dst,
+                                                     uint32_t lse_dst, uint32_t dsum_dst) {
+    const Element* q_head = reinterpret_cast<const Element*>(ptrs.q);
+    const Element* do_head = reinterpret_cast<const Element*>(ptrs.d_o);
+    const float* lse_head = ptrs.lse;
+    const float* dsum_head = ptrs.dsum;
+    const int tid = bwd_fresh(threadIdx.x);
+    QCopy::load_async(q_dst, q_head + static_cast<int64_t>(m0) * params.q_row_stride,
+                      params.q_row_stride, valid_q, params.d, tid);
+    QCopy::load_async(do_dst, do_head + static_cast<int64_t>(m0) * params.do_row_stride,
+                      params.do_row_stride, valid_q, params.d, tid);
+    for (int r = tid; r < kBlockM; r += kNThreads) {
+        const bool ok = r < valid_q;
+        ptx::cp_async_4(lse_dst + 4 * r, lse_head + (ok ? m0 + r : 0), ok);
+        ptx::cp_async_4(dsum_dst + 4 * r, dsum_head + (ok ? m0 + r : 0), ok);
+    }
+    ptx::cp_async_commit();
 }
 
 // dQ (rows 16 wm .., columns col0 ..) += dZ (from the dZ^T tile, transposed by ldmatrix) K.
@@ -463,56 +531,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int m_block_min = m_blocks.min;
         const int m_block_max = m_blocks.max;
 
-        // The K / V pointers are re-derived per key block (opaque indices: not hoisted), so
-        // they are not kept (spilled) through the query loop, which wants every register.
-        const Element* k_seq;
-        const Element* v_seq;
-        {
-            const int batch_o = ptx::opaque(batch), head_o = ptx::opaque(head);
-            const BwdSequence seq_o = BwdSequence::make(params, batch_o, head_o);
-            const int kv_head = head_o / params.h_h_k_ratio;
-            k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq_o.k_offset +
-                    kv_head * params.k_head_stride;
-            v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq_o.v_offset +
-                    kv_head * params.v_head_stride;
-        }
-        Traits::KVCopy::load_async(smem_k, k_seq + static_cast<int64_t>(n0) * params.k_row_stride,
-                                   params.k_row_stride, valid_keys, params.d, bwd_fresh(tid));
-        Traits::KVCopy::load_async(smem_v, v_seq + static_cast<int64_t>(n0) * params.v_row_stride,
-                                   params.v_row_stride, valid_keys, params.d, bwd_fresh(tid));
-        ptx::cp_async_commit();
+        load_bwd_kv_block<Element, typename Traits::KVCopy>(params, batch, head, n0, valid_keys,
+                                                            smem_k, smem_v, tid);
 
-        // Query-block inputs of block m_block into buffer `stage`: Q and dO tiles, lse and D,
-        // all with cp.async. Rows past the sequence are zero-filled: zero Q and dO rows and
-        // D = 0 make every product they enter zero (p^T dO, dZ^T = p (dP - D) with dP = 0),
-        // and their dQ rows are not written.
+        // Query block m_block's Q, dO, lse, D -> buffer `stage` (load_bwd_query_block).
         auto load_query_block = [&](int m_block, int stage) {
             const int m0 = m_block * kBlockM;
-            const int valid_q = min(kBlockM, seqlen_q - m0);
             const uint32_t stage_base = smem_base + stage * Traits::kSmemQStageBytes;
-            // The per-head pointers from shared memory (written once by thread 0): not kept in
-            // registers through the query loop (at d128 ptxas spilled them there).
-            const BwdCtaPointers& ptrs = *reinterpret_cast<const BwdCtaPointers*>(
-                smem + Traits::kSmemPointersOffset);
-            const Element* q_head = reinterpret_cast<const Element*>(ptrs.q);
-            const Element* do_head = reinterpret_cast<const Element*>(ptrs.d_o);
-            const float* lse_head = ptrs.lse;
-            const float* dsum_head = ptrs.dsum;
-            const int tid = bwd_fresh(threadIdx.x);
-            Traits::QCopy::load_async(stage_base + Traits::kSmemQOffset,
-                                      q_head + static_cast<int64_t>(m0) * params.q_row_stride,
-                                      params.q_row_stride, valid_q, params.d, tid);
-            Traits::QCopy::load_async(stage_base + Traits::kSmemDOOffset,
-                                      do_head + static_cast<int64_t>(m0) * params.do_row_stride,
-                                      params.do_row_stride, valid_q, params.d, tid);
-            for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
-                const bool ok = r < valid_q;
-                ptx::cp_async_4(stage_base + Traits::kSmemLseOffset + 4 * r,
-                                lse_head + (ok ? m0 + r : 0), ok);
-                ptx::cp_async_4(stage_base + Traits::kSmemDOffset + 4 * r,
-                                dsum_head + (ok ? m0 + r : 0), ok);
-            }
-            ptx::cp_async_commit();
+            load_bwd_query_block<Element, typename Traits::QCopy, kBlockM, Traits::kNThreads>(
+                params,
+                *reinterpret_cast<const BwdCtaPointers*>(smem + Traits::kSmemPointersOffset), m0,
+                min(kBlockM, seqlen_q - m0), stage_base + Traits::kSmemQOffset,
+                stage_base + Traits::kSmemDOOffset, stage_base + Traits::kSmemLseOffset,
+                stage_base + Traits::kSmemDOffset);
         };
 
         // One pass over the query blocks, or two (kTwoPass, d >= 224): pass 0 computes only
@@ -638,25 +669,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                 const int kofs = 16 * mt + 8 * half;  // key - key0
                                 const bool visible = !decltype(masked)::value ||
                                                      (kofs >= key_lo[c] && kofs < key_hi[c]);
-                                float x = acc_s[mt][nt][e];
                                 float dscore = 1.f;  // d(final score) / d(scale s)
-                                if constexpr (!HasSoftcap && !HasAlibi) {
-                                    x = fmaf(x, score_log2, -lse_log2[c]);
-                                } else {
-                                    if constexpr (HasSoftcap) {
-                                        const float t = ptx::tanh_approx(x * softcap_pre_scale);
-                                        dscore = fmaf(-t, t, 1.f);
-                                        x = t;
-                                    }
-                                    x *= score_log2;
-                                    if constexpr (HasAlibi) {
-                                        const int qi = qcol0 + 8 * nt + c;
-                                        const int distance = abs(m0 + qi + mask.diag - key0 - kofs);
-                                        x = fmaf(-alibi_slope_log2,
-                                                 static_cast<float>(distance), x);
-                                    }
-                                    x -= lse_log2[c];
-                                }
+                                const int distance =
+                                    HasAlibi ? abs(m0 + qcol0 + 8 * nt + c + mask.diag - key0 - kofs)
+                                             : 0;
+                                const float x = bwd_score_log2_p<HasSoftcap, HasAlibi>(
+                                    acc_s[mt][nt][e], dscore, score_log2, softcap_pre_scale,
+                                    alibi_slope_log2, distance, lse_log2[c]);
                                 const float p = ptx::exp2_approx(visible ? x : -INFINITY);
                                 p_dv[c] = p;
                                 if constexpr (IsDropout) {

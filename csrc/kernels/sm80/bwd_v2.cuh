@@ -321,50 +321,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int m_block_min = m_blocks.min;
         const int m_block_max = m_blocks.max;
 
-        {
-            const int batch_o = ptx::opaque(batch), head_o = ptx::opaque(head);
-            const BwdSequence seq_o = BwdSequence::make(params, batch_o, head_o);
-            const int kv_head = head_o / params.h_h_k_ratio;
-            const Element* k_seq = reinterpret_cast<const Element*>(params.k_ptr) +
-                                   seq_o.k_offset + kv_head * params.k_head_stride;
-            const Element* v_seq = reinterpret_cast<const Element*>(params.v_ptr) +
-                                   seq_o.v_offset + kv_head * params.v_head_stride;
-            Traits::KVCopy::load_async(smem_k,
-                                       k_seq + static_cast<int64_t>(n0) * params.k_row_stride,
-                                       params.k_row_stride, valid_keys, params.d, bwd_fresh(tid));
-            Traits::KVCopy::load_async(smem_v,
-                                       v_seq + static_cast<int64_t>(n0) * params.v_row_stride,
-                                       params.v_row_stride, valid_keys, params.d, bwd_fresh(tid));
-            ptx::cp_async_commit();
-        }
+        load_bwd_kv_block<Element, typename Traits::KVCopy>(params, batch, head, n0, valid_keys,
+                                                            smem_k, smem_v, tid);
 
-        // Q, dO, lse, D of query block m_block -> stage buffer `stage` (cp.async, one group).
-        // Rows past seqlen_q are zero-filled (zero Q, dO, D: every product they enter is 0;
-        // their dQ rows are not written).
+        // Query block m_block's Q, dO, lse, D -> stage buffer `stage` (load_bwd_query_block).
         auto load_query_block = [&](int m_block, int stage) {
             const int m0 = m_block * kBlockM;
-            const int valid_q = min(kBlockM, seqlen_q - m0);
             const uint32_t stage_base =
                 smem_base + Traits::kSmemQOffset + stage * Traits::kSmemQStageBytes;
-            const BwdCtaPointers& ptrs = *reinterpret_cast<const BwdCtaPointers*>(
-                smem + Traits::kSmemPointersOffset);
-            const Element* q_head = reinterpret_cast<const Element*>(ptrs.q);
-            const Element* do_head = reinterpret_cast<const Element*>(ptrs.d_o);
-            const int tid = bwd_fresh(threadIdx.x);
-            Traits::QCopy::load_async(stage_base,
-                                      q_head + static_cast<int64_t>(m0) * params.q_row_stride,
-                                      params.q_row_stride, valid_q, params.d, tid);
-            Traits::QCopy::load_async(stage_base + Traits::kStageDOOffset,
-                                      do_head + static_cast<int64_t>(m0) * params.do_row_stride,
-                                      params.do_row_stride, valid_q, params.d, tid);
-            for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
-                const bool ok = r < valid_q;
-                ptx::cp_async_4(stage_base + Traits::kStageLseOffset + 4 * r,
-                                ptrs.lse + (ok ? m0 + r : 0), ok);
-                ptx::cp_async_4(stage_base + Traits::kStageDOffset + 4 * r,
-                                ptrs.dsum + (ok ? m0 + r : 0), ok);
-            }
-            ptx::cp_async_commit();
+            load_bwd_query_block<Element, typename Traits::QCopy, kBlockM, Traits::kNThreads>(
+                params,
+                *reinterpret_cast<const BwdCtaPointers*>(smem + Traits::kSmemPointersOffset), m0,
+                min(kBlockM, seqlen_q - m0), stage_base, stage_base + Traits::kStageDOOffset,
+                stage_base + Traits::kStageLseOffset, stage_base + Traits::kStageDOffset);
         };
 
         float acc_dv[kGMTiles][kGNTiles][4];
@@ -456,25 +425,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                     float dscore = 1.f;  // d(final score) / d(scale s)
                                     const bool visible = !decltype(masked)::value ||
                                                          (kofs >= key_lo && kofs < key_hi);
-                                    float x = acc_s[mt][nt][2 * half + c];
-                                    if constexpr (!HasSoftcap && !HasAlibi) {
-                                        x = fmaf(x, score_log2, -lse_log2);
-                                    } else {
-                                        if constexpr (HasSoftcap) {
-                                            const float t =
-                                                ptx::tanh_approx(x * softcap_pre_scale);
-                                            dscore = fmaf(-t, t, 1.f);
-                                            x = t;
-                                        }
-                                        x *= score_log2;
-                                        if constexpr (HasAlibi) {
-                                            const int distance =
-                                                abs(query + mask.diag - n0 - key_t - kofs);
-                                            x = fmaf(-alibi_slope_log2,
-                                                     static_cast<float>(distance), x);
-                                        }
-                                        x -= lse_log2;
-                                    }
+                                    const int distance =
+                                        HasAlibi ? abs(query + mask.diag - n0 - key_t - kofs) : 0;
+                                    const float x = bwd_score_log2_p<HasSoftcap, HasAlibi>(
+                                        acc_s[mt][nt][2 * half + c], dscore, score_log2,
+                                        softcap_pre_scale, alibi_slope_log2, distance, lse_log2);
                                     const float p = ptx::exp2_approx(visible ? x : -INFINITY);
                                     p_pair[c] = p;
                                     acc_s[mt][nt][2 * half + c] = HasSoftcap ? p * dscore : p;
