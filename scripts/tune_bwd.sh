@@ -3,7 +3,7 @@
 # (FLASH_CUDA_BWD_TUNING=1: every variant of csrc/kernels/sm80/bwd_tune_configs.h compiled in,
 # plus bwd.cuh's kernels at every head dim), then the fwd+bwd grid once per FLASH_CUDA_BWD_TILE
 # value (each bench run is its own process: the variant is read once per process), FA2 in the
-# same process as each. Variant 0 = BwdV2Config, 1..3 = bwd_tune_configs.h, 9 = bwd.cuh.
+# same process as each. Variant 0 = BwdV2Config, 1..3 (d64: 1..6) = bwd_tune_configs.h, 9 = bwd.cuh.
 # TUNE_TESTS=1 also runs tests/test_bwd_gpu.py under each variant (TUNE_TEST_ARGS: extra
 # pytest arguments, e.g. -k "hdim256"). Needs $OUT. Head dims / seqlens via TUNE_BENCH_ARGS.
 # If the build and all five bench runs do not fit one 600 s device call, split it:

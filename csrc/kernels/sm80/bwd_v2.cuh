@@ -135,6 +135,35 @@ struct BwdV2Traits {
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
 };
 
+// Phase 1 in SPasses passes over the query block (tuning variants, bwd_tune_configs.h): the
+// kSWarpsM x kSWarpsN grid covers kBlockM / SPasses queries per pass, so a warp's S / dP
+// fragments stay those of a kBlockM / SPasses tile (e.g. 128 x 128 at d64 as two 64-query
+// passes: S, dP 32 fp32 each instead of 64). P / dS are written for the whole block before B2,
+// phases 2 / 3 unchanged. A wrapper rather than a BwdV2Traits argument: the BwdV2Config types
+// (and so their kernels' PTX) stay as they are; plain BwdV2Traits run one pass
+// (bwd_v2_s_passes).
+template <typename Base, int SPasses>
+struct BwdV2SplitS : Base {
+    static constexpr int kSPasses = SPasses;
+    static constexpr int kSPassRows = Base::kBlockM / SPasses;  // queries per pass
+    static constexpr int kSRows = kSPassRows / Base::kSWarpsM;  // queries per warp and pass
+    struct ScoreGemm : Base::ScoreGemm {
+        static constexpr int kMTiles = kSRows / 16;
+    };
+    static_assert(SPasses >= 1 && Base::kBlockM % SPasses == 0, "phase 1 passes");
+    static_assert(kSRows % 16 == 0 && kSRows * Base::kSWarpsM * SPasses == Base::kBlockM,
+                  "phase 1 warp tiles per pass");
+};
+
+template <typename Traits>
+constexpr int bwd_v2_s_passes() {
+    if constexpr (requires { Traits::kSPasses; }) {
+        return Traits::kSPasses;
+    } else {
+        return 1;
+    }
+}
+
 template <int HeadDim>
 struct BwdV2Config {
     static constexpr bool kSupported = false;
@@ -266,6 +295,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     using PTile = typename Traits::PTile;
     constexpr int kSMTiles = ScoreGemm::kMTiles;  // 16-query tiles per warp (phase 1)
     constexpr int kSNTiles = ScoreGemm::kNTiles;  // 8-key tiles per warp (phase 1)
+    constexpr int kSPasses = bwd_v2_s_passes<Traits>();  // phase 1 passes per query block
     constexpr int kGMTiles = Traits::kGRows / 16;  // 16-key tiles per warp (phase 2)
     constexpr int kGNTiles = Traits::kGCols / 8;   // 8-column tiles per warp (phase 2)
     constexpr int kQMTiles = Traits::kQRows / 16;  // 16-query tiles per warp (phase 3)
@@ -375,8 +405,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 Traits::kStageDOffset);
 
             // ---- Phase 1: S, P, dP, dS on the (queries x keys) warp grid ----
-            {
-                const int srow0 = bwd_fresh(s_row0);
+            // (kSPasses > 1: the grid covers kBlockM / kSPasses queries per pass.)
+#pragma unroll
+            for (int s_pass = 0; s_pass < kSPasses; ++s_pass) {
+                const int s_pass_row = s_pass * (kBlockM / kSPasses);
+                const int srow0 = bwd_fresh(s_row0) + s_pass_row;
                 const int scol0 = bwd_fresh(s_col0);
                 float acc_s[kSMTiles][kSNTiles][4];
 #pragma unroll
@@ -474,13 +507,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
                 warp_gemm_qk<Element, ScoreGemm>(acc_dp, smem_do,
                                                  smem_v + KVTile::byte_offset(bwd_fresh(s_col0), 0),
-                                                 bwd_fresh(s_row0), lane);
+                                                 bwd_fresh(s_row0) + s_pass_row, lane);
 #pragma unroll
                 for (int mt = 0; mt < kSMTiles; ++mt) {
 #pragma unroll
                     for (int half = 0; half < 2; ++half) {
-                        const float dsum =
-                            smem_dsum[bwd_fresh(s_row0) + bwd_fresh(lane) / 4 + 16 * mt + 8 * half];
+                        const float dsum = smem_dsum[(bwd_fresh(s_row0) + s_pass_row) +
+                                                     bwd_fresh(lane) / 4 + 16 * mt + 8 * half];
 #pragma unroll
                         for (int nt = 0; nt < kSNTiles; ++nt) {
 #pragma unroll
@@ -491,8 +524,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                         }
                     }
                 }
-                store_p_tile<Element, PTile>(smem_ds, bwd_fresh(s_row0), bwd_fresh(s_col0),
-                                             acc_dp, lane);
+                store_p_tile<Element, PTile>(smem_ds, bwd_fresh(s_row0) + s_pass_row,
+                                             bwd_fresh(s_col0), acc_dp, lane);
             }
             // Barrier B2: the whole P and dS tiles are written (phases 2 and 3 read every
             // warp's part).
