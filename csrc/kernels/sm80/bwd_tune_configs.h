@@ -25,15 +25,17 @@ struct BwdV2TuneConfig {
 };
 
 // BwdV2Traits<HeadDim, BlockM, BlockN, NWarps, SWarpsM, GWarpsN, QWarpsM, QStages, QChunks>
-// d64 (default 64 x 128, grids 2x4 / 4x2 / 2x4, 2 stages)
+// d64 (default since run 25: variant 4 below, 128 x 128 in two phase-1 passes; variants 1-3 were
+// tried against the earlier 64 x 128 default BwdV2Traits<64>, grids 2x4 / 4x2 / 2x4, 2 stages)
 template <> struct BwdV2TuneConfig<64, 1> { static constexpr bool kExists = true; using Traits = BwdV2Traits<64, 64, 128, 8, 2, 4, 2, 1, 1>; };
 template <> struct BwdV2TuneConfig<64, 2> { static constexpr bool kExists = true; using Traits = BwdV2Traits<64, 64, 64, 8, 2, 4, 2, 2, 1>; };
 template <> struct BwdV2TuneConfig<64, 3> { static constexpr bool kExists = true; using Traits = BwdV2Traits<64, 128, 64, 8, 4, 4, 4, 2, 1>; };
 // d64 128 x 128, 8 warps (FA2's d64 tile shape), phase 1 in two 64-query passes on 2 x 4
-// warps (BwdV2SplitS: S / dP 32 fp32 per warp, as the default), phase 2 4 x 2 (32 keys x 32
-// columns, 8 k-steps), phase 3 4 x 2 (32 queries x 32 columns); 4: Q / dO double-buffered,
-// 5: single-buffered (bench/NOTES_kernel_bwd.md, "d64 128 x 128 tile variants").
-template <> struct BwdV2TuneConfig<64, 4> { static constexpr bool kExists = true; using Traits = BwdV2SplitS<BwdV2Traits<64, 128, 128, 8, 2, 4, 4, 2, 1>, 2>; };
+// warps (BwdV2SplitS: S / dP 32 fp32 per warp), phase 2 4 x 2 (32 keys x 32 columns, 8
+// k-steps), phase 3 4 x 2 (32 queries x 32 columns). The double-buffered one won run 25 (+4-8%
+// fwd+bwd) and is now BwdV2Config<64>; variant 4 keeps the old 64 x 128 default for A/B; 5: the
+// 128 x 128 tile single-buffered (bench/NOTES_kernel_bwd.md, "d64 128 x 128 tile variants").
+template <> struct BwdV2TuneConfig<64, 4> { static constexpr bool kExists = true; using Traits = BwdV2Traits<64>; };
 template <> struct BwdV2TuneConfig<64, 5> { static constexpr bool kExists = true; using Traits = BwdV2SplitS<BwdV2Traits<64, 128, 128, 8, 2, 4, 4, 1, 1>, 2>; };
 // 6: 128 x 128 on 16 warps (two CTAs' worth of warps for latency hiding, 128-register cap):
 // phase 1 2 x 8 per pass (32 queries x 16 keys), phase 2 4 x 4 (32 keys x 16 columns), phase

@@ -168,10 +168,14 @@ template <int HeadDim>
 struct BwdV2Config {
     static constexpr bool kSupported = false;
 };
+// d64: FA2's 128 x 128 tile on 8 warps, phase 1 in two 64-query passes (S / dP 32 fp32 per
+// warp), phase 2 4 x 2 (32 keys x 32 columns), phase 3 4 x 2 (32 queries x 32 columns);
+// double-buffered Q / dO, 165,920 B of shared memory (fits A100's 163 KB). Was tuning variant
+// 4: fwd+bwd +4-8% over the 64 x 128 tile (bench/NOTES.md run 25).
 template <>
 struct BwdV2Config<64> {
     static constexpr bool kSupported = true;
-    using Traits = BwdV2Traits<64>;
+    using Traits = BwdV2SplitS<BwdV2Traits<64, 128, 128, 8, 2, 4, 4, 2, 1>, 2>;
 };
 template <>
 struct BwdV2Config<128> {
