@@ -192,7 +192,9 @@ def parse_args(argv=None, default_out="bench/results"):
     p.add_argument("--gqa-cases", type=csv_pairs,
                    default=None, help="'b,s;b,s' (32/8 heads, d=128, causal)")
     p.add_argument("--decode-cases", type=csv_pairs,
-                   default=None, help="'b,kv_len;...' (32/8 heads, d=128)")
+                   default=None, help="'b,kv_len;...' (heads and head dim: --decode-shape)")
+    p.add_argument("--decode-shape", type=csv_ints, default=None,
+                   help="query heads, KV heads, head dim of --decode-cases (default 32,8,128)")
     p.add_argument("--decode-grid", action="store_true",
                    help="issue 5's grid: heads 32/8, 32/32, 32/1 x batch 1,8,32,128 x cache "
                         "1k,8k,32k,128k (cells over 40 GB of K+V skipped)")
@@ -243,5 +245,7 @@ def parse_args(argv=None, default_out="bench/results"):
         args.warmup = 1
         args.no_ceilings = True
     args.gqa_shape = (4, 2, 32) if args.smoke else GQA_SHAPE
-    args.decode_shape = (4, 2, 32) if args.smoke else DECODE_SHAPE
+    if args.decode_shape is not None and len(args.decode_shape) != 3:
+        p.error("--decode-shape: hq,hkv,d")
+    args.decode_shape = (4, 2, 32) if args.smoke else tuple(args.decode_shape or DECODE_SHAPE)
     return args
