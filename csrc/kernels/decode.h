@@ -24,6 +24,9 @@ constexpr int kMaxSplits = 128;
 constexpr int kMinBlocksPerSplit = 2;
 constexpr int kMinBlocksPerSplitLong = 8;
 constexpr int kLongCacheBlocks = 64;
+// A CTA's fixed cost (prologue, the fp32 partial output and lse, its share of the combine), in
+// key-block times, for the split count's critical-path estimate below.
+constexpr int kSplitOverheadBlocks = 2;
 
 // Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64, paged,
 // or GQA packed in the kernel).
@@ -132,9 +135,10 @@ inline int64_t num_tiles(const FwdParams& p) {
 // Split count for a problem of `tiles` CTAs (batch x heads x m blocks) over key blocks of a
 // `seqlen_k`-key cache (the capacity: shapes only). requested > 0: honoured, clamped to
 // [1, min(kMaxSplits, key blocks)]. Always 1 without the decode tile (the 128-row tile has no
-// split-KV code). requested == 0: the smallest count whose CTAs fill the
-// GPU's CTA slots (num_sms x ctas_per_sm) in waves at least 85% as evenly as the best count,
-// with at least kMinBlocksPerSplit (kMinBlocksPerSplitLong on long caches) key blocks per split.
+// split-KV code). requested == 0: of the counts whose CTAs fill the GPU's CTA slots (num_sms x
+// ctas_per_sm) in waves at least 85% as evenly as the best count, with at least
+// kMinBlocksPerSplit (kMinBlocksPerSplitLong on long caches) key blocks per split, the one with
+// the fewest waves x key blocks on the longest split (ties: the fewest splits).
 inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile, int head_dim,
                       int num_sms) {
     if (!decode_tile) return 1;  // split-KV is compiled into the decode tile only
@@ -158,10 +162,25 @@ inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_ti
         eff[s] = waves / std::ceil(waves);
         best = std::max(best, eff[s]);
     }
+    // Among the counts that fill the slots well, the shortest critical path: waves x (the key
+    // blocks of the longest split, ceil(n_blocks / s), + kSplitOverheadBlocks for a CTA's
+    // prologue and partial-output write); ties go to the fewer splits (less partial output, a
+    // cheaper combine). Taking the smallest such count instead (before run 28) picked
+    // uneven splits, e.g. 7 splits of 16 blocks (3 blocks on the longest chain where 8 splits
+    // have 2): 23% slower at b32 kv1k MQA (bench/NOTES.md run 28's split sweep).
+    int chosen = 1;
+    int64_t chosen_cost = -1;
     for (int s = 1; s <= max_splits; ++s) {
-        if (eff[s] >= 0.85 * best) return s;
+        if (eff[s] < 0.85 * best) continue;
+        const int64_t waves = (tiles * s + static_cast<int64_t>(slots) - 1) /
+                              static_cast<int64_t>(slots);
+        const int64_t cost = waves * ((n_blocks + s - 1) / s + kSplitOverheadBlocks);
+        if (chosen_cost < 0 || cost < chosen_cost) {
+            chosen = s;
+            chosen_cost = cost;
+        }
     }
-    return 1;
+    return chosen;
 }
 
 }  // namespace decode
