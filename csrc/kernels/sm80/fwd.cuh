@@ -211,6 +211,8 @@ __device__ __forceinline__ void store_empty_packed(const FwdParams& params, int 
 // Where a paged cache keeps this thread's rows of one key block (its KVCopy row steps): the
 // block-table lookups of a tile, done once per key block (its K and V tiles share them) and
 // one copy ahead of their use, so a cp.async issue never waits on a dependent global load.
+// Held in registers: the kernel passes it by reference with a separate `paged` flag (a pointer
+// that may be null made ptxas keep it in a 32-byte stack frame, LDL / STL per row).
 template <typename Traits>
 struct PagedKVRows {
     using KVCopy = typename Traits::KVCopy;
@@ -227,30 +229,48 @@ struct PagedKVRows {
             params.block_table + static_cast<int64_t>(blockIdx.y) * params.block_table_batch_stride;
         const int row0 = KVCopy::thread_row(tid);
         const int page_size = params.page_block_size;
+        // One division per block: the thread's rows are kRowsPerStep apart, so with pages of at
+        // least kRowsPerStep rows each step crosses at most one page boundary.
+        const int pos_first = pos0 + n_block * Traits::kBlockN + row0;
+        int p = pos_first / page_size;
+        int in_page = pos_first - p * page_size;
+        const bool step_by_wrap = page_size >= KVCopy::kRowsPerStep;
 #pragma unroll
         for (int r = 0; r < kSteps; ++r) {
             const int tile_row = row0 + r * KVCopy::kRowsPerStep;
-            const int pos = pos0 + n_block * Traits::kBlockN + tile_row;
-            const int p = pos / page_size;
-            row_in_page[r] = pos - p * page_size;
+            if (r > 0) {
+                if (step_by_wrap) {
+                    in_page += KVCopy::kRowsPerStep;
+                    if (in_page >= page_size) {
+                        in_page -= page_size;
+                        ++p;
+                    }
+                } else {
+                    const int pos = pos_first + r * KVCopy::kRowsPerStep;
+                    p = pos / page_size;
+                    in_page = pos - p * page_size;
+                }
+            }
+            row_in_page[r] = in_page;
             page[r] = tile_row < valid_rows ? block_table[p] : 0;
         }
     }
 };
 
 // K / V tile of key block n_block (keys [n_block kBlockN, ...) of the sequence, valid_rows of
-// them real) into shared memory: contiguous rows, or (paged != nullptr) the rows a PagedKVRows
-// lookup of this block found.
+// them real) into shared memory: contiguous rows, or (paged) the rows a PagedKVRows lookup of
+// this block found.
 template <typename Element, typename Traits>
 __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t smem_tile,
                                              const Element* seq, int64_t page_stride,
                                              int64_t row_stride, int n_block, int valid_rows,
-                                             const PagedKVRows<Traits>* paged, int tid) {
+                                             bool paged, const PagedKVRows<Traits>& paged_rows,
+                                             int tid) {
     using KVCopy = typename Traits::KVCopy;
     // Paged caches only in the decode tile's kernels (Traits::kPagedKV; the host sends every
     // paged call there): next to the 128-row tile's main loop at d = 128 the gather path costs
     // a few spilled registers.
-    if (!Traits::kPagedKV || paged == nullptr) {
+    if (!Traits::kPagedKV || !paged) {
         KVCopy::load_async(smem_tile,
                            seq + static_cast<int64_t>(n_block) * Traits::kBlockN * row_stride,
                            row_stride, valid_rows, params.d, tid);
@@ -258,8 +278,8 @@ __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t s
         KVCopy::load_async_gather_steps(
             smem_tile,
             [&](auto r) {
-                return seq + static_cast<int64_t>(paged->page[r]) * page_stride +
-                       static_cast<int64_t>(paged->row_in_page[r]) * row_stride;
+                return seq + static_cast<int64_t>(paged_rows.page[r]) * page_stride +
+                       static_cast<int64_t>(paged_rows.row_in_page[r]) * row_stride;
             },
             seq, valid_rows, params.d, tid);
     }
@@ -602,15 +622,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         load_kv_tile<Element, Traits>(params, smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
                                       static_cast<const Element*>(src.k_seq),
                                       params.k_batch_stride, params.k_row_stride, block_of(it),
-                                      seqlen_k - block_of(it) * kBlockN,
-                                      paged ? &paged_rows : nullptr, tid);
+                                      seqlen_k - block_of(it) * kBlockN, paged, paged_rows,
+                                      tid);
     };
     auto load_v = [&](int it, const KVSource& src) {
         load_kv_tile<Element, Traits>(params, smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
                                       static_cast<const Element*>(src.v_seq),
                                       params.v_batch_stride, params.v_row_stride, block_of(it),
-                                      seqlen_k - block_of(it) * kBlockN,
-                                      paged ? &paged_rows : nullptr, tid);
+                                      seqlen_k - block_of(it) * kBlockN, paged, paged_rows,
+                                      tid);
     };
 
     // ---- Prologue: Q (issued above) with K of the first block, then (kStages buffers)
