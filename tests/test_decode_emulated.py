@@ -61,8 +61,8 @@ CASES = [
      dict(num_splits=2, causal=True, pack_gqa=True)),
     ("paged256-split4-packed", torch.bfloat16, 128, 1, 4, 1, 1, 512, 256, [300],
      dict(num_splits=4, pack_gqa=True)),
-    # Pages smaller than a copy step's rows (the lookup's per-row division) and pages that a
-    # step crosses once (its one-division-per-block path).
+    # Pages smaller than a copy step's rows (16, 32 at d32: the lookup's per-row division) and
+    # pages that a step crosses once (its one-division-per-block path).
     ("paged8-split3", torch.bfloat16, 128, 2, 4, 2, 1, 200, 8, [200, 77],
      dict(num_splits=3, pack_gqa=True)),
     ("paged5-d64", torch.float16, 64, 1, 2, 1, 1, 100, 5, [93], dict(num_splits=1)),

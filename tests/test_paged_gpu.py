@@ -46,7 +46,8 @@ def sampled_cases(n=72, seed=5):
     # Always: the decode shapes of the benchmark at small batch, every page size, every split.
     cases += [(1, 8192, 1, 128, 4, f"paged{p}", "plain", s) for p in (16, 256) for s in SPLITS]
     cases += [(3, 1000, 1, 128, 8, "contiguous", "causal", 0), (17, 63, 0, 64, 1, "leftpad", "plain", 0)]
-    # Pages smaller than the kernel's 16-row copy steps (per-row page division) and odd sizes.
+    # Pages smaller than the kernel's copy steps (16 rows, 32 at d32: the lookup's per-row page
+    # division) and odd sizes.
     cases += [(2, 200, 1, 128, 4, "paged8", "plain", 3), (3, 100, 0, 64, 1, "paged5", "causal", 0),
               (1, 96, 1, 32, 8, "paged16", "softcap", 1), (2, 40, 1, 256, 1, "paged1", "plain", 0)]
     return cases
