@@ -355,10 +355,12 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     // (packed key rows past cu_seqlens_k[b] belong to no sequence). GQA: fp32 workspaces below.
     const bool dkv_direct = dims.heads == dims.heads_k;
     at::Tensor dq = at::empty_like(q_p, q_p.options().memory_format(contiguous));
-    at::Tensor dk = dkv_direct && varlen ? at::zeros_like(k_p, k_p.options().memory_format(contiguous))
-                                         : at::empty_like(k_p, k_p.options().memory_format(contiguous));
-    at::Tensor dv = dkv_direct && varlen ? at::zeros_like(v_p, v_p.options().memory_format(contiguous))
-                                         : at::empty_like(v_p, v_p.options().memory_format(contiguous));
+    auto dkv_like = [&](const at::Tensor& t) {
+        const auto options = t.options().memory_format(contiguous);
+        return dkv_direct && varlen ? at::zeros_like(t, options) : at::empty_like(t, options);
+    };
+    at::Tensor dk = dkv_like(k_p);
+    at::Tensor dv = dkv_like(v_p);
 
     BwdParams params{};
     set_fwd_params(params, dims, q_p, k_p, v_p, out_p, lse, opts);

@@ -51,12 +51,12 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& params, int batch, 
                     if constexpr (kDoDk) {
                         *reinterpret_cast<uint32_t*>(dk + r * params.dk_row_stride + 8 * nt) =
                             ptx::pack_float2<Element>(scale * acc_dk[mt][nt][2 * half],
-                                               scale * acc_dk[mt][nt][2 * half + 1]);
+                                                      scale * acc_dk[mt][nt][2 * half + 1]);
                     }
                     if constexpr (kDoDv) {
                         *reinterpret_cast<uint32_t*>(dv + r * params.dv_row_stride + 8 * nt) =
                             ptx::pack_float2<Element>(acc_dv[mt][nt][2 * half],
-                                               acc_dv[mt][nt][2 * half + 1]);
+                                                      acc_dv[mt][nt][2 * half + 1]);
                     }
                 }
             }

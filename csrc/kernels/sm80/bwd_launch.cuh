@@ -78,18 +78,40 @@ constexpr int bwd_v2_smem_bytes() {
     }
 }
 
+// fn(std::bool_constant<HasAlibi>, std::bool_constant<HasSoftcap>) for the run-time flags: the
+// kernels' softcap / ALiBi template flags.
+template <typename Fn>
+void with_bias_flags(bool has_softcap, bool has_alibi, Fn&& fn) {
+    if (has_softcap && has_alibi) {
+        fn(std::true_type{}, std::true_type{});
+    } else if (has_softcap) {
+        fn(std::false_type{}, std::true_type{});
+    } else if (has_alibi) {
+        fn(std::true_type{}, std::false_type{});
+    } else {
+        fn(std::false_type{}, std::false_type{});
+    }
+}
+
 // v2 on the tile Traits, the softcap / ALiBi flags picked at run time.
 template <typename Element, typename Traits, bool Causal>
 void launch_bwd_v2(BwdParams& params, cudaStream_t stream, bool has_softcap, bool has_alibi) {
-    if (has_softcap && has_alibi) {
-        launch_bwd_v2_kernel<Element, Traits, Causal, true, true>(params, stream);
-    } else if (has_softcap) {
-        launch_bwd_v2_kernel<Element, Traits, Causal, false, true>(params, stream);
-    } else if (has_alibi) {
-        launch_bwd_v2_kernel<Element, Traits, Causal, true, false>(params, stream);
-    } else {
-        launch_bwd_v2_kernel<Element, Traits, Causal, false, false>(params, stream);
-    }
+    with_bias_flags(has_softcap, has_alibi, [&](auto alibi, auto softcap) {
+        launch_bwd_v2_kernel<Element, Traits, Causal, decltype(alibi)::value,
+                             decltype(softcap)::value>(params, stream);
+    });
+}
+
+// bwd.cuh's kernel without dropout: the bias tile (bias_traits_t) with softcap or ALiBi, else
+// the config's tile.
+template <typename Element, typename Config, bool Causal>
+void launch_bwd_v1(BwdParams& params, cudaStream_t stream, bool has_softcap, bool has_alibi) {
+    with_bias_flags(has_softcap, has_alibi, [&](auto alibi, auto softcap) {
+        constexpr bool kAlibi = decltype(alibi)::value, kSoftcap = decltype(softcap)::value;
+        using Traits = std::conditional_t<kAlibi || kSoftcap, bias_traits_t<Config>,
+                                          typename Config::Traits>;
+        launch_bwd_kernel<Element, Traits, Causal, kAlibi, kSoftcap, false>(params, stream);
+    });
 }
 
 // Whether the current device can reserve `bytes` of dynamic shared memory per CTA (asked only
@@ -160,8 +182,6 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
     if (params.seqlen_k > 0) {
         const bool has_softcap = params.softcap > 0.f;
         const bool has_alibi = params.alibi_slopes_ptr != nullptr;
-        using BiasTraits = sm80::bias_traits_t<Config>;
-        using Traits = typename Config::Traits;
         // bwd.cuh's non-dropout kernels are compiled only where v2 does not cover the head dim
         // or may not fit the device (v2 tile above A100's 163 KB): the d64 / d128 build does
         // not contain them.
@@ -180,39 +200,28 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
             sm80::launch_bwd_kernel<Element, sm80::bwd_dropout_traits_t<HeadDim>, Causal, false,
                                     false, true>(params, stream);
         } else {
-            [[maybe_unused]] bool v2 = false;  // the main kernel ran on bwd_v2.cuh
+            [[maybe_unused]] bool ran_v2 = false;  // the main kernel ran on bwd_v2.cuh
             if constexpr (kV2) {
                 using V2 = typename sm80::BwdV2Config<HeadDim>::Traits;
 #ifdef FLASH_CUDA_BWD_TUNING
                 const int variant = sm80::bwd_tile_variant();
-                v2 = variant != 0 && sm80::launch_bwd_tile_variant<Element, HeadDim, Causal>(
-                                         params, stream, variant, has_softcap, has_alibi);
+                ran_v2 = variant != 0 && sm80::launch_bwd_tile_variant<Element, HeadDim, Causal>(
+                                             params, stream, variant, has_softcap, has_alibi);
                 const bool force_v1 = variant == sm80::kBwdTileV1;
 #else
                 constexpr bool force_v1 = false;
 #endif
-                if (!v2 && !force_v1 &&
+                if (!ran_v2 && !force_v1 &&
                     (!kV1Fallback || sm80::device_fits_smem(V2::kSmemBytes))) {
                     sm80::launch_bwd_v2<Element, V2, Causal>(params, stream, has_softcap,
                                                              has_alibi);
-                    v2 = true;
+                    ran_v2 = true;
                 }
             }
             if constexpr (kV1Fallback) {
-                if (v2) {
-                    // done
-                } else if (has_softcap && has_alibi) {
-                    sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, true, false>(
-                        params, stream);
-                } else if (has_softcap) {
-                    sm80::launch_bwd_kernel<Element, BiasTraits, Causal, false, true, false>(
-                        params, stream);
-                } else if (has_alibi) {
-                    sm80::launch_bwd_kernel<Element, BiasTraits, Causal, true, false, false>(
-                        params, stream);
-                } else {
-                    sm80::launch_bwd_kernel<Element, Traits, Causal, false, false, false>(
-                        params, stream);
+                if (!ran_v2) {
+                    sm80::launch_bwd_v1<Element, Config, Causal>(params, stream, has_softcap,
+                                                                 has_alibi);
                 }
             }
         }
