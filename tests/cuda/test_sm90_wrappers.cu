@@ -1,7 +1,8 @@
 // Single-warpgroup checks of the sm_90a PTX wrappers (csrc/kernels/sm90/ptx_sm90.cuh): mbarrier
 // + bulk copy, a TMA 2D load with the 128-byte swizzle (the smem image against the swizzle the
 // wgmma descriptors assume), and wgmma m64n64k16 over a 64 x 64 x 64 product from swizzled
-// tiles written by st.shared and by the TMA. Built and run by tests/test_sm90_wrappers.py:
+// tiles written by st.shared and by the TMA, and the register-A form with an MN-major B (P V).
+// Built and run by tests/test_sm90_wrappers.py:
 //   nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc \
 //       tests/cuda/test_sm90_wrappers.cu -o test_sm90_wrappers
 // Every mbarrier wait is bounded: a wrong parity or byte count reports FAIL instead of hanging.
@@ -156,6 +157,49 @@ __global__ void wgmma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b,
     }
 }
 
+// ---- 4. wgmma RS with an MN-major B: O (64 x 64) = P (64 x 64, registers) V (64 keys x 64
+// columns, row-major = MN-major, swizzled by st.shared at sw128_offset), the P V step of
+// attention. P's A fragments per k16 step ks (mma.m16n8k16 layout, warp w: rows 16 w ..).
+__global__ void wgmma_rs_kernel(const __nv_bfloat16* p, const __nv_bfloat16* v, float* o) {
+    uint8_t* sv = smem_1024();
+    const int t = threadIdx.x;
+    for (int i = t; i < kTile * kTile; i += blockDim.x) {
+        *reinterpret_cast<__nv_bfloat16*>(sv + sw128_offset(i / kTile, i % kTile)) = v[i];
+    }
+    ptx90::fence_proxy_async_shared();
+    __syncthreads();
+    const int w = t / 32, g = (t % 32) / 4, q = t % 4;
+    auto pack = [&](int r, int k) {  // P[r][k], P[r][k + 1] as bf16x2 (low half first)
+        uint16_t lo, hi;
+        memcpy(&lo, &p[r * kTile + k], 2);
+        memcpy(&hi, &p[r * kTile + k + 1], 2);
+        return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    };
+    float acc[32];
+    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+    uint32_t a[kTile / 16][4];
+    for (int ks = 0; ks < kTile / 16; ++ks) {
+        const int r = 16 * w + g, k = 16 * ks + 2 * q;
+        a[ks][0] = pack(r, k);
+        a[ks][1] = pack(r + 8, k);
+        a[ks][2] = pack(r, k + 8);
+        a[ks][3] = pack(r + 8, k + 8);
+    }
+    ptx90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kTile / 16; ++ks) {  // k16 step: 16 K rows = 2 atoms = 2048 B
+        const uint64_t db = ptx90::make_smem_desc_sw128(smem_u32(sv) + 2048 * ks);
+        ptx90::wgmma_m64n64k16_bf16_rs<true>(acc, a[ks], db, ks > 0);
+    }
+    ptx90::wgmma_commit();
+    ptx90::wgmma_wait<0>();
+    for (int i = 0; i < 32; ++i) {
+        const int row = 16 * w + g + 8 * ((i / 2) % 2);
+        const int col = 8 * (i / 4) + 2 * q + (i % 2);
+        o[row * kTile + col] = acc[i];
+    }
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                                  const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
@@ -292,6 +336,32 @@ int main() {
         report(via_tma ? "wgmma m64n64k16 x4, TMA-loaded operands"
                        : "wgmma m64n64k16 x4, st.shared operands",
                max_err <= 1e-3 && *timed_out == 0);
+    }
+
+    {  // 4. wgmma RS: O = P V, P = the first 64 rows of A, V = B read as keys x columns
+        std::vector<float> ref_o(kTile * kTile);
+        for (int m = 0; m < kTile; ++m) {
+            for (int n = 0; n < kTile; ++n) {
+                float s = 0.f;
+                for (int k = 0; k < kTile; ++k) s += a_f[m * kTile + k] * b_f[k * kTile + n];
+                ref_o[m * kTile + n] = s;
+            }
+        }
+        CUDA_OK(cudaFuncSetAttribute(wgmma_rs_kernel,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kTileBytes + 1024));
+        CUDA_OK(cudaMemset(d_dev, 0xFF, kTile * kTile * 4));
+        wgmma_rs_kernel<<<1, 128, kTileBytes + 1024>>>(a_dev, b_dev, d_dev);
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<float> o(kTile * kTile);
+        CUDA_OK(cudaMemcpy(o.data(), d_dev, o.size() * 4, cudaMemcpyDeviceToHost));
+        double max_err = 0.0;
+        for (int i = 0; i < kTile * kTile; ++i) {
+            max_err = std::fmax(max_err, std::fabs(static_cast<double>(o[i]) - ref_o[i]));
+            if (std::isnan(o[i])) max_err = INFINITY;
+        }
+        std::printf("  wgmma RS (P V, MN-major V): max |O - ref| = %g\n", max_err);
+        report("wgmma m64n64k16 RS x4, MN-major B (transposed descriptor)", max_err <= 1e-3);
     }
 
     std::printf("%d failure(s)\n", g_failures);

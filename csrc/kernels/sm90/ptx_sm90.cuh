@@ -148,6 +148,34 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16_ss(float (&d)[32], uint64_t
         : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
+// wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 with A from registers (the "RS" form,
+// O += P V in attention): a[4] holds the warp's 16 rows of A (64 x 16) in the mma.m16n8k16 A
+// fragment layout (ptx.cuh), B from shared memory. kTransB: B stored MN-major (K rows of N
+// contiguous elements, e.g. V as keys x head dim): with the 128-byte swizzle a 64-column slab of
+// 8 K rows is a 1024-byte atom, atoms 1024 B apart along K (the descriptor's stride byte
+// offset), so the k16 step j starts 2048 j bytes into the slab.
+template <bool kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4],
+                                                        uint64_t desc_b, bool accumulate) {
+    asm volatile(
+        "{\n"
+        "  .reg .pred p;\n"
+        "  setp.ne.b32 p, %37, 0;\n"
+        "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+          "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
+          "r"(static_cast<int>(accumulate)), "n"(kTransB ? 1 : 0));
+}
+
 // ---- registers ----
 
 // setmaxnreg.{dec,inc}.sync.aligned.u32: the warpgroup gives back / takes registers (producer
