@@ -21,7 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -61,12 +63,35 @@ struct WarpContext {
     uint32_t words[32][8];
 };
 
+// A warpgroup (4 consecutive warps) for the sm90 wgmma instructions: register operands are
+// exchanged through `words` between two warpgroup barriers.
+struct WarpgroupContext {
+    std::barrier<> barrier{128};
+    uint32_t words[128][4];
+};
+
+// An mbarrier object of the sm90 emulation (tests/emulation/kernels/sm90/ptx_sm90.cuh), keyed by
+// its shared-memory address. The asynchronous copies that complete_tx on it are queued and
+// carried out when the phase completes, so a kernel that reads a buffer before its wait sees the
+// old contents (NaN at first), not the new.
+struct MBarrier {
+    int count = 0;        // arrivals per phase
+    int pending = 0;      // arrivals the current phase still waits for
+    long long tx = 0;     // transaction bytes expected minus completed, current phase
+    unsigned phase = 0;   // completed phases
+    std::vector<std::vector<unsigned char>> staged;  // copy payloads, applied at completion
+    std::vector<uint32_t> staged_dst;
+};
+
 struct BlockContext {
     explicit BlockContext(int threads, size_t smem_bytes)
-        : barrier(threads), smem(smem_bytes), warps(threads / 32) {}
+        : barrier(threads), smem(smem_bytes), warps(threads / 32), warpgroups(threads / 128) {}
     std::barrier<> barrier;
     std::vector<unsigned char> smem;
     std::deque<WarpContext> warps;
+    std::deque<WarpgroupContext> warpgroups;
+    std::mutex mbarrier_mutex;
+    std::map<uint32_t, MBarrier> mbarriers;
 };
 
 // Global memory the kernel may read with cp.async (inputs), for bounds checks.

@@ -1,0 +1,271 @@
+// Host emulation of csrc/kernels/sm90/ptx_sm90.cuh (same names and signatures), found before the
+// real header because tests/emulation comes first on the include path. See ../../README.md.
+//
+// - mbarriers live in a table of the block (prelude.h MBarrier), keyed by their shared-memory
+//   address: arrivals, transaction bytes and the phase count follow the PTX rules (a phase
+//   completes when its pending arrivals and its transaction bytes both reach zero; try_wait with
+//   parity P succeeds once the current phase's parity differs from P).
+// - Bulk and TMA copies are staged (the global bytes read at issue) and written to shared memory
+//   when the barrier's phase completes: a buffer read before its wait still holds the old bytes.
+//   A wait that never completes fails the run after EMU_WAIT_SECONDS (default 20) instead of
+//   hanging.
+// - wgmma computes at issue from the shared-memory operands the descriptors describe (start
+//   address, leading / stride byte offsets, 128-byte swizzle on address bits 4-6 ^ 7-9); the
+//   register-A form exchanges the A fragments through the warpgroup (prelude.h WarpgroupContext).
+//   fence / commit / wait and setmaxnreg do nothing here.
+#pragma once
+
+#include <cuda.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+
+#include "kernels/ptx.cuh"  // the host versions: ptx::load_b16, b16_to_float
+#include "kernels/sm90/tensor_map.h"
+
+namespace flash_cuda {
+namespace ptx90 {
+
+namespace detail {
+
+inline emu::MBarrier& barrier_locked(uint32_t bar) {
+    auto it = emu::block().mbarriers.find(bar);
+    if (it == emu::block().mbarriers.end()) emu::fail("mbarrier used before mbarrier.init", bar);
+    return it->second;
+}
+
+// Completes the phase when no arrival and no transaction byte is outstanding: the staged copies
+// land in shared memory, the phase count advances, the arrival count re-arms.
+inline void maybe_complete_locked(emu::MBarrier& b) {
+    if (b.pending > 0 || b.tx != 0) return;
+    for (size_t i = 0; i < b.staged.size(); ++i) {
+        std::memcpy(emu::smem_at(b.staged_dst[i], b.staged[i].size(), 16), b.staged[i].data(),
+                    b.staged[i].size());
+    }
+    b.staged.clear();
+    b.staged_dst.clear();
+    b.phase += 1;
+    b.pending = b.count;
+}
+
+inline void stage_copy(uint32_t bar, uint32_t smem_dst, std::vector<unsigned char> bytes) {
+    std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
+    emu::MBarrier& b = barrier_locked(bar);
+    b.tx -= static_cast<long long>(bytes.size());
+    b.staged_dst.push_back(smem_dst);
+    b.staged.push_back(std::move(bytes));
+    maybe_complete_locked(b);
+}
+
+inline double wait_limit_seconds() {
+    const char* v = std::getenv("EMU_WAIT_SECONDS");
+    return v != nullptr ? std::atof(v) : 20.0;
+}
+
+// Shared-memory byte address of element (mn, k) of a wgmma operand described by `desc`
+// (128-byte swizzle only). K-major: rows of the MN dimension, 128 bytes of K each, 8-row groups
+// `stride byte offset` apart. MN-major: rows of the K dimension, 64 MN elements (128 B) each,
+// 8-row groups `stride byte offset` apart, 64-element MN blocks `leading byte offset` apart.
+inline uint32_t operand_addr(uint64_t desc, int mn, int k, bool mn_major) {
+    const uint32_t start = static_cast<uint32_t>(desc & 0x3FFFu) << 4;
+    const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFFu) << 4;
+    const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFFu) << 4;
+    const uint32_t base_offset = static_cast<uint32_t>((desc >> 49) & 0x7u);
+    const uint32_t swizzle = static_cast<uint32_t>(desc >> 62);
+    if (swizzle != 1) emu::fail("wgmma descriptor: only the 128-byte swizzle is emulated", swizzle);
+    if (base_offset != 0) emu::fail("wgmma descriptor: base offset not emulated", base_offset);
+    uint32_t addr;
+    if (!mn_major) {
+        if (2 * k >= 128) emu::fail("K-major operand: k past the 128-byte row", k);
+        addr = start + (mn / 8) * sbo + (mn % 8) * 128 + 2 * k;
+    } else {
+        addr = start + (mn / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + 2 * (mn % 64);
+    }
+    return addr ^ (((addr >> 7) & 7u) << 4);
+}
+
+inline float operand(uint64_t desc, int mn, int k, bool mn_major) {
+    return ptx::b16_to_float<__nv_bfloat16>(ptx::load_b16(operand_addr(desc, mn, k, mn_major)));
+}
+
+// Thread t of the warpgroup: (row, column) of its accumulator register i (ptx_sm90.cuh header).
+inline void acc_coord(int t, int i, int& row, int& col) {
+    const int w = t / 32, g = (t % 32) / 4, q = t % 4;
+    row = 16 * w + g + 8 * ((i / 2) % 2);
+    col = 8 * (i / 4) + 2 * q + (i % 2);
+}
+
+inline emu::WarpgroupContext& warpgroup() {
+    const size_t g = threadIdx.x / 128;
+    if (g >= emu::block().warpgroups.size()) emu::fail("wgmma outside a whole warpgroup", g);
+    return emu::block().warpgroups[g];
+}
+
+// d (64 x N) = (accumulate ? d : 0) + A (64 x 16) B (16 x N); A from `desc_a` (K-major) or from
+// the warpgroup's register fragments `a`, B from `desc_b` (K-major: stored N x K; or MN-major).
+template <int N>
+inline void wgmma_impl(float (&d)[N / 2], const uint64_t* desc_a, const uint32_t* a,
+                       uint64_t desc_b, bool trans_b, bool accumulate) {
+    const int t = static_cast<int>(threadIdx.x % 128);
+    emu::WarpgroupContext& wg = warpgroup();
+    if (a != nullptr) {
+        for (int i = 0; i < 4; ++i) wg.words[t][i] = a[i];
+    }
+    wg.barrier.arrive_and_wait();
+    // A (row, k) from the register fragments: warp row / 16 holds rows 16 w.. in the
+    // mma.m16n8k16 A layout (ptx.cuh).
+    auto a_reg = [&](int row, int k) {
+        const int w = row / 16, r = row % 16;
+        const int src = 32 * w + (r % 8) * 4 + (k % 8) / 2;
+        const int reg = (r < 8 ? 0 : 1) + (k < 8 ? 0 : 2);
+        const uint32_t word = wg.words[src][reg];
+        const uint16_t bits = static_cast<uint16_t>(k % 2 ? word >> 16 : word & 0xFFFF);
+        return ptx::b16_to_float<__nv_bfloat16>(bits);
+    };
+    float out[N / 2];
+    for (int i = 0; i < N / 2; ++i) {
+        int row, col;
+        acc_coord(t, i, row, col);
+        float sum = accumulate ? d[i] : 0.f;
+        for (int k = 0; k < 16; ++k) {
+            const float av = a != nullptr ? a_reg(row, k) : operand(*desc_a, row, k, false);
+            const float bv = trans_b ? operand(desc_b, col, k, true) : operand(desc_b, col, k, false);
+            sum += av * bv;
+        }
+        out[i] = sum;
+    }
+    wg.barrier.arrive_and_wait();
+    for (int i = 0; i < N / 2; ++i) d[i] = out[i];
+}
+
+}  // namespace detail
+
+// ---- mbarrier ----
+
+inline void mbarrier_init(uint32_t bar, uint32_t count) {
+    emu::smem_at(bar, 8, 8);
+    std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
+    emu::MBarrier b;
+    b.count = static_cast<int>(count);
+    b.pending = static_cast<int>(count);
+    emu::block().mbarriers[bar] = std::move(b);
+}
+inline void fence_barrier_init() {}
+
+inline void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
+    emu::MBarrier& b = detail::barrier_locked(bar);
+    b.tx += bytes;
+    b.pending -= 1;
+    detail::maybe_complete_locked(b);
+}
+inline void mbarrier_arrive(uint32_t bar) {
+    std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
+    emu::MBarrier& b = detail::barrier_locked(bar);
+    b.pending -= 1;
+    detail::maybe_complete_locked(b);
+}
+
+inline bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {
+    thread_local auto first_miss = std::chrono::steady_clock::time_point{};
+    thread_local bool missing = false;
+    {
+        std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
+        const emu::MBarrier& b = detail::barrier_locked(bar);
+        if ((b.phase % 2) != (parity & 1u)) {
+            missing = false;
+            return true;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (!missing) {
+            missing = true;
+            first_miss = now;
+        } else if (std::chrono::duration<double>(now - first_miss).count() >
+                   detail::wait_limit_seconds()) {
+            std::fprintf(stderr,
+                         "mbarrier at %u: waiting for parity %u; phase %u, %d arrivals and %lld "
+                         "transaction bytes outstanding\n",
+                         bar, parity, b.phase, b.pending, b.tx);
+            emu::fail("mbarrier wait never completed (a hang on the GPU)", bar);
+        }
+    }
+    std::this_thread::yield();
+    return false;
+}
+
+// ---- async proxy ----
+
+inline void fence_proxy_async_shared() {}
+
+inline void bulk_copy_g2s(uint32_t smem_dst, const void* gmem_src, uint32_t bytes, uint32_t bar) {
+    if (bytes % 16 != 0) emu::fail("cp.async.bulk size not a multiple of 16", bytes);
+    if (reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0) {
+        emu::fail("misaligned cp.async.bulk source", reinterpret_cast<long long>(gmem_src));
+    }
+    emu::smem_at(smem_dst, bytes, 16);
+    emu::check_readable(gmem_src, bytes);
+    const auto* src = static_cast<const unsigned char*>(gmem_src);
+    detail::stage_copy(bar, smem_dst, std::vector<unsigned char>(src, src + bytes));
+}
+
+inline void tma_load_2d(uint32_t smem_dst, const void* tensor_map, int c0, int c1, uint32_t bar) {
+    const sm90::TensorMap2d& m = sm90::tensor_map_fields(tensor_map);
+    const uint32_t row_bytes = m.box_cols * m.elem_bytes;
+    const uint32_t bytes = row_bytes * m.box_rows;
+    emu::smem_at(smem_dst, bytes, m.swizzle_bytes == 128 ? 1024 : 128);
+    std::vector<unsigned char> image(bytes, 0);
+    for (uint32_t r = 0; r < m.box_rows; ++r) {
+        for (uint32_t e = 0; e < m.box_cols; ++e) {
+            const long long x = static_cast<long long>(c0) + e, y = static_cast<long long>(c1) + r;
+            uint32_t off = r * row_bytes + e * m.elem_bytes;
+            if (m.swizzle_bytes == 128) off ^= ((off >> 7) & 7u) << 4;
+            if (x < 0 || y < 0 || x >= static_cast<long long>(m.cols) ||
+                y >= static_cast<long long>(m.rows)) {
+                continue;  // out of the tensor: zero fill
+            }
+            const auto* src = static_cast<const unsigned char*>(m.base) + y * m.row_stride_bytes +
+                              x * m.elem_bytes;
+            emu::check_readable(src, m.elem_bytes);
+            std::memcpy(&image[off], src, m.elem_bytes);
+        }
+    }
+    detail::stage_copy(bar, smem_dst, std::move(image));
+}
+
+// ---- wgmma ----
+
+inline uint64_t make_smem_desc_sw128(uint32_t smem_addr) {
+    uint64_t desc = (smem_addr & 0x3FFFFu) >> 4;
+    desc |= static_cast<uint64_t>(1) << 16;
+    desc |= static_cast<uint64_t>(1024 >> 4) << 32;
+    desc |= static_cast<uint64_t>(1) << 62;
+    return desc;
+}
+
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int kPending>
+inline void wgmma_wait() {}
+
+inline void wgmma_m64n64k16_bf16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                    bool accumulate) {
+    detail::wgmma_impl<64>(d, &desc_a, nullptr, desc_b, false, accumulate);
+}
+
+template <bool kTransB>
+inline void wgmma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                    bool accumulate) {
+    detail::wgmma_impl<64>(d, nullptr, a, desc_b, kTransB, accumulate);
+}
+
+// ---- registers ----
+
+template <int kRegs>
+inline void setmaxnreg_dec() {}
+template <int kRegs>
+inline void setmaxnreg_inc() {}
+
+}  // namespace ptx90
+}  // namespace flash_cuda
