@@ -1,4 +1,5 @@
-// The kernels and host-side references of the sm_90a wrapper checks, shared by the GPU program
+// The kernels, host-side references and check sequence (run_checks) of the sm_90a wrapper
+// checks, shared by the GPU program
 // (tests/cuda/test_sm90_wrappers.cu) and the CPU emulator's (tests/emulation/
 // sm90_wrappers_emulated.cpp), so both run the same device code against the same expectations.
 // One warpgroup (128 threads), one CTA; shared memory only through ptx::dynamic_smem (the
@@ -10,11 +11,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "kernels/ptx.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/tensor_map.h"
 
 namespace sm90_check {
 
@@ -24,9 +28,9 @@ constexpr int kTile = 64;                      // 64 x 64 bf16 tiles
 constexpr int kTileBytes = kTile * kTile * 2;  // 8 KB
 constexpr int kBulkBytes = 16384;
 constexpr int kThreads = 128;                 // one warpgroup
-// Dynamic shared memory of every kernel: 1024 bytes of slack to align the tiles, two tiles (or
+// Dynamic shared memory of every kernel: 1024 bytes of slack to align the tiles, three tiles (or
 // the bulk buffer), then the mbarrier.
-constexpr int kBarOffset = 2 * kTileBytes;
+constexpr int kBarOffset = 3 * kTileBytes;
 constexpr int kSmemBytes = 1024 + kBarOffset + 64;
 static_assert(kBulkBytes <= kBarOffset, "bulk buffer before the barrier");
 
@@ -95,9 +99,12 @@ __global__ void tma_kernel(const __grid_constant__ CUtensorMap map, int row0, ui
 __host__ __device__ inline int acc_row(int t, int i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
 __host__ __device__ inline int acc_col(int t, int i) { return 8 * (i / 4) + 2 * (t % 4) + (i % 2); }
 
-// ---- 3. wgmma: D (64 x 64) = A (64 x 64) B^T, A and B^T (64 x 64, row = k-contiguous) as
-// swizzled tiles; via_tma: loaded by the TMA (maps a_map / b_map), else written with st.shared
-// at sw128_offset (the layout the TMA check pins down), then fence.proxy.async.
+// ---- 3. wgmma SS: D (64 x N) = A (64 x 64) B^T, A = rows 0..63 of the input A, B^T (N x 64,
+// row = k-contiguous) = rows 0..N-1 of the input B (N = 64) or of A (N = 128), as swizzled tiles
+// (N rows: N / 8 atoms of 1024 B); via_tma: loaded by the TMA (maps a_map / b_map, 64-row boxes),
+// else written with st.shared at sw128_offset (the layout the TMA check pins down), then
+// fence.proxy.async.
+template <int N>
 __global__ void wgmma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b,
                              const __grid_constant__ CUtensorMap a_map,
                              const __grid_constant__ CUtensorMap b_map, bool via_tma, float* d,
@@ -114,42 +121,50 @@ __global__ void wgmma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b,
         }
         __syncthreads();
         if (t == 0) {
-            ptx90::mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
+            ptx90::mbarrier_arrive_expect_tx(bar, (1 + N / kTile) * kTileBytes);
             ptx90::tma_load_2d(ptx::smem_addr(sa), &a_map, 0, 0, bar);
-            ptx90::tma_load_2d(ptx::smem_addr(sb), &b_map, 0, 0, bar);
+            for (int box = 0; box < N / kTile; ++box) {
+                ptx90::tma_load_2d(ptx::smem_addr(sb) + box * kTileBytes, &b_map, 0, box * kTile,
+                                   bar);
+            }
         }
         if (!wait_bounded(bar, 0)) *timed_out = 1;
     } else {
-        for (int i = t; i < kTile * kTile; i += kThreads) {
+        for (int i = t; i < N * kTile; i += kThreads) {
             const int r = i / kTile, k = i % kTile;
-            std::memcpy(sa + sw128_offset(r, k), &a[i], 2);
-            std::memcpy(sb + sw128_offset(r, k), &b[i], 2);
+            if (r < kTile) std::memcpy(sa + sw128_offset(r, k), &a[i], 2);
+            std::memcpy(sb + sw128_offset(r, k), &b[i], 2);  // sw128_offset continues past 64 rows
         }
         ptx90::fence_proxy_async_shared();
     }
     __syncthreads();
-    float acc[32];
-    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+    float acc[N / 2];
+    for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
     ptx90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kTile / 16; ++ks) {  // k16 step ks: 32 B into each 128-byte row
         const uint64_t da = ptx90::make_smem_desc_sw128(ptx::smem_addr(sa) + 32 * ks);
         const uint64_t db = ptx90::make_smem_desc_sw128(ptx::smem_addr(sb) + 32 * ks);
-        ptx90::wgmma_m64n64k16_bf16_ss(acc, da, db, ks > 0);
+        ptx90::wgmma_ss<N, __nv_bfloat16>(acc, da, db, ks > 0);
     }
     ptx90::wgmma_commit();
     ptx90::wgmma_wait<0>();
-    for (int i = 0; i < 32; ++i) d[acc_row(t, i) * kTile + acc_col(t, i)] = acc[i];
+    for (int i = 0; i < N / 2; ++i) d[acc_row(t, i) * N + acc_col(t, i)] = acc[i];
 }
 
-// ---- 4. wgmma RS with an MN-major B: O (64 x 64) = P (64 x 64, registers) V (64 keys x 64
-// columns, row-major = MN-major, swizzled by st.shared at sw128_offset), the P V step of
-// attention. P's A fragments per k16 step ks (mma.m16n8k16 layout, warp w: rows 16 w ..).
-__global__ void wgmma_rs_kernel(const __nv_bfloat16* p, const __nv_bfloat16* v, float* o) {
+// ---- 4. wgmma RS with an MN-major B: O (64 x N) = P (64 x 64, registers) V (64 keys x N
+// columns), the P V step of attention. V row-major (MN-major: keys are K), N = 64: the input B;
+// N = 128: A^T (V[k][n] = A[n][k]). Stored as N / 64 slabs of 64 columns (each 64 keys x 128 B,
+// swizzled by st.shared at sw128_offset, kTileBytes apart: the descriptor's leading byte offset).
+// P = rows 0..63 of A as A fragments per k16 step ks (mma.m16n8k16 layout, warp w: rows 16 w ..).
+template <int N>
+__global__ void wgmma_rs_kernel(const __nv_bfloat16* p, const __nv_bfloat16* v_src, float* o) {
     uint8_t* sv = smem_1024();
     const int t = threadIdx.x;
-    for (int i = t; i < kTile * kTile; i += kThreads) {
-        std::memcpy(sv + sw128_offset(i / kTile, i % kTile), &v[i], 2);
+    for (int i = t; i < kTile * N; i += kThreads) {
+        const int key = i / N, col = i % N;
+        const __nv_bfloat16* src = N == kTile ? &v_src[key * kTile + col] : &v_src[col * kTile + key];
+        std::memcpy(sv + (col / kTile) * kTileBytes + sw128_offset(key, col % kTile), src, 2);
     }
     ptx90::fence_proxy_async_shared();
     __syncthreads();
@@ -160,8 +175,8 @@ __global__ void wgmma_rs_kernel(const __nv_bfloat16* p, const __nv_bfloat16* v, 
         std::memcpy(&hi, &p[r * kTile + k + 1], 2);
         return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
     };
-    float acc[32];
-    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+    float acc[N / 2];
+    for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
     uint32_t a[kTile / 16][4];
     for (int ks = 0; ks < kTile / 16; ++ks) {
         const int r = 16 * w + g, k = 16 * ks + 2 * q;
@@ -173,12 +188,13 @@ __global__ void wgmma_rs_kernel(const __nv_bfloat16* p, const __nv_bfloat16* v, 
     ptx90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kTile / 16; ++ks) {  // k16 step: 16 K rows = 2 atoms = 2048 B
-        const uint64_t db = ptx90::make_smem_desc_sw128(ptx::smem_addr(sv) + 2048 * ks);
-        ptx90::wgmma_m64n64k16_bf16_rs<true>(acc, a[ks], db, ks > 0);
+        const uint64_t db =
+            ptx90::make_smem_desc_sw128(ptx::smem_addr(sv) + 2048 * ks, kTileBytes);
+        ptx90::wgmma_rs<N, __nv_bfloat16, true>(acc, a[ks], db, ks > 0);
     }
     ptx90::wgmma_commit();
     ptx90::wgmma_wait<0>();
-    for (int i = 0; i < 32; ++i) o[acc_row(t, i) * kTile + acc_col(t, i)] = acc[i];
+    for (int i = 0; i < N / 2; ++i) o[acc_row(t, i) * N + acc_col(t, i)] = acc[i];
 }
 
 // ---- host side: inputs and expectations
@@ -198,16 +214,19 @@ struct Inputs {
             b[i] = __float2bfloat16(b_f[i]);
         }
     }
-    // D = A[:64] B^T (B as N x K) and O = A[:64] B (B as K x N).
-    std::vector<float> ref(bool b_transposed) const {
-        std::vector<float> out(kTile * kTile);
+    // 64 x 64: D = A[:64] B^T (B as N x K) or O = A[:64] B (B as K x N); 64 x 128: A[:64] A^T.
+    std::vector<float> ref(int n_cols, bool b_transposed) const {
+        std::vector<float> out(kTile * n_cols);
         for (int m = 0; m < kTile; ++m) {
-            for (int n = 0; n < kTile; ++n) {
+            for (int n = 0; n < n_cols; ++n) {
                 float s = 0.f;
                 for (int k = 0; k < kTile; ++k) {
-                    s += a_f[m * kTile + k] * (b_transposed ? b_f[n * kTile + k] : b_f[k * kTile + n]);
+                    const float bv = n_cols > kTile ? a_f[n * kTile + k]
+                                     : b_transposed ? b_f[n * kTile + k]
+                                                    : b_f[k * kTile + n];
+                    s += a_f[m * kTile + k] * bv;
                 }
-                out[m * kTile + n] = s;
+                out[m * n_cols + n] = s;
             }
         }
         return out;
@@ -240,6 +259,108 @@ inline double max_error(const std::vector<float>& x, const std::vector<float>& r
         err = std::fmax(err, std::fabs(static_cast<double>(x[i]) - ref[i]));
     }
     return err;
+}
+
+}  // namespace sm90_check
+
+namespace sm90_check {
+
+// The checks, one line each ("PASS name" / "FAIL name"), against a Device that provides
+//   T* upload(const std::vector<T>&), std::vector<T> download(const T*, size_t n),
+//   void release(void*), int* flag() (a host-visible int), and
+//   launch(kernel, args...) (one CTA of kThreads threads, kSmemBytes dynamic shared memory).
+// Returns the number of failures.
+template <typename Device>
+int run_checks(Device& dev) {
+    int failures = 0;
+    auto report = [&](const char* name, bool ok) {
+        std::printf("%s %s\n", ok ? "PASS" : "FAIL", name);
+        if (!ok) ++failures;
+    };
+    int* timed_out = dev.flag();
+
+    {  // 1. bulk copy
+        const std::vector<uint32_t> host = bulk_pattern();
+        uint32_t* src = dev.upload(host);
+        uint32_t* dst = dev.upload(std::vector<uint32_t>(host.size(), 0));
+        *timed_out = 0;
+        dev.launch(bulk_copy_kernel, reinterpret_cast<const uint4*>(src),
+                   reinterpret_cast<uint4*>(dst), timed_out);
+        report("mbarrier wait completes (bulk copy)", *timed_out == 0);
+        report("cp.async.bulk 16 KB global -> shared", dev.download(dst, host.size()) == host);
+        dev.release(src);
+        dev.release(dst);
+    }
+
+    const Inputs in;
+    __nv_bfloat16* a_dev = dev.upload(in.a);
+    __nv_bfloat16* b_dev = dev.upload(in.b);
+    auto tile_map = [&](const void* base, int rows) {  // (rows, 64), 64 x 64 boxes
+        CUtensorMap map;
+        const int r = flash_cuda::sm90::encode_tensor_map(
+            &map, flash_cuda::sm90::matrix_map(base, rows, kTile, kTile * 2, kTile, kTile));
+        if (r != 0) {
+            std::printf("tensor map rejected: %d\n", r);
+            std::exit(2);
+        }
+        return map;
+    };
+    const CUtensorMap a_map = tile_map(a_dev, 2 * kTile), b_map = tile_map(b_dev, kTile);
+
+    {  // 2. TMA load of the second 64-row box of A, smem image against sw128_offset
+        uint8_t* image = dev.upload(std::vector<uint8_t>(kTileBytes, 0));
+        *timed_out = 0;
+        dev.launch(tma_kernel, a_map, kTile, image, timed_out);
+        const int bad = first_misplaced(dev.download(image, kTileBytes), in, kTile);
+        if (bad >= 0) std::printf("  TMA image: element %d not at its swizzled offset\n", bad);
+        report("mbarrier wait completes (TMA 2D)", *timed_out == 0);
+        report("TMA 2D load, 128-byte swizzle = sw128_offset", bad < 0);
+        dev.release(image);
+    }
+
+    // 3. wgmma SS, operands by st.shared and by TMA; N = 64 (B) and N = 128 (B^T = A, 16 atoms)
+    float* d_dev = dev.upload(std::vector<float>(kTile * 2 * kTile, NAN));
+    for (int n : {64, 128}) {
+        for (int via_tma = 0; via_tma < 2; ++via_tma) {
+            dev.upload_to(d_dev, std::vector<float>(kTile * n, NAN));
+            *timed_out = 0;
+            if (n == 64) {
+                dev.launch(wgmma_kernel<64>, a_dev, b_dev, a_map, b_map, via_tma != 0, d_dev,
+                           timed_out);
+            } else {
+                dev.launch(wgmma_kernel<128>, a_dev, a_dev, a_map, a_map, via_tma != 0, d_dev,
+                           timed_out);
+            }
+            const double err = max_error(dev.download(d_dev, kTile * n), in.ref(n, true));
+            std::printf("  wgmma m64n%dk16 (%s operands): max |D - ref| = %g\n", n,
+                        via_tma ? "TMA" : "st.shared", err);
+            char name[96];
+            std::snprintf(name, sizeof(name), "wgmma m64n%dk16 SS x4, %s operands", n,
+                          via_tma ? "TMA-loaded" : "st.shared");
+            report(name, err <= 1e-3 && *timed_out == 0);
+        }
+    }
+
+    // 4. wgmma RS: O = P V, P = the first 64 rows of A; V = B (N = 64) or A^T (N = 128: two
+    // 64-column slabs, the descriptor's leading byte offset apart)
+    for (int n : {64, 128}) {
+        dev.upload_to(d_dev, std::vector<float>(kTile * n, NAN));
+        if (n == 64) {
+            dev.launch(wgmma_rs_kernel<64>, a_dev, b_dev, d_dev);
+        } else {
+            dev.launch(wgmma_rs_kernel<128>, a_dev, a_dev, d_dev);
+        }
+        const double err = max_error(dev.download(d_dev, kTile * n), in.ref(n, false));
+        std::printf("  wgmma m64n%dk16 RS (P V, MN-major V): max |O - ref| = %g\n", n, err);
+        char name[96];
+        std::snprintf(name, sizeof(name), "wgmma m64n%dk16 RS x4, MN-major B (%s)", n,
+                      n == 64 ? "one slab" : "two slabs, leading byte offset");
+        report(name, err <= 1e-3);
+    }
+    dev.release(d_dev);
+    dev.release(a_dev);
+    dev.release(b_dev);
+    return failures;
 }
 
 }  // namespace sm90_check

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "kernels/sm90/wgmma.cuh"
+
 namespace flash_cuda {
 namespace ptx90 {
 
@@ -96,15 +98,30 @@ __device__ __forceinline__ void tma_load_2d(uint32_t smem_dst, const void* tenso
         : "memory");
 }
 
+// cp.async.bulk.tensor.4d...: the box of a rank-4 tensor map at coordinates (c0 innermost ..
+// c3), e.g. (column, row, head, batch) of a (b, s, h, d) tensor; rows past the tensor's extent in
+// any dimension are zero-filled.
+__device__ __forceinline__ void tma_load_4d(uint32_t smem_dst, const void* tensor_map, int c0,
+                                            int c1, int c2, int c3, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(smem_dst),
+        "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
 // ---- wgmma ----
 
-// Shared-memory matrix descriptor of a K-major operand with the 128-byte swizzle: start address
-// (>> 4) in bits 0-13, leading byte offset 1 (unused for swizzled K-major) in bits 16-29,
-// stride byte offset 1024 (>> 4: 64) in bits 32-45, base offset 0 (atoms 1024-byte aligned),
-// swizzle mode 1 (128 B) in bits 62-63.
-__device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_addr) {
+// Shared-memory matrix descriptor with the 128-byte swizzle: start address (>> 4) in bits
+// 0-13, leading byte offset (>> 4) in bits 16-29, stride byte offset 1024 (>> 4: 64) in bits
+// 32-45, base offset 0 (atoms 1024-byte aligned), swizzle mode 1 (128 B) in bits 62-63.
+// K-major operand (rows of 64 K elements, 128 B, 8-row atoms 1024 B apart): the leading byte
+// offset is unused (1). MN-major operand (rows of 64 MN elements per K index, 8-row atoms 1024 B
+// apart along K): `lbo_bytes` is the distance between the 64-element MN blocks (slabs).
+__device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_addr,
+                                                         uint32_t lbo_bytes = 16) {
     uint64_t desc = (smem_addr & 0x3FFFFu) >> 4;
-    desc |= static_cast<uint64_t>(1) << 16;
+    desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
     desc |= static_cast<uint64_t>(1024 >> 4) << 32;
     desc |= static_cast<uint64_t>(1) << 62;
     return desc;
@@ -125,56 +142,7 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
-// wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16: d (32 fp32 per thread, layout above)
-// = (accumulate ? d : 0) + A B, A and B K-major from shared memory (descriptors), no
-// transposes, scales 1.
-__device__ __forceinline__ void wgmma_m64n64k16_bf16_ss(float (&d)[32], uint64_t desc_a,
-                                                        uint64_t desc_b, bool accumulate) {
-    asm volatile(
-        "{\n"
-        "  .reg .pred p;\n"
-        "  setp.ne.b32 p, %34, 0;\n"
-        "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-          "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-}
-
-// wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 with A from registers (the "RS" form,
-// O += P V in attention): a[4] holds the warp's 16 rows of A (64 x 16) in the mma.m16n8k16 A
-// fragment layout (ptx.cuh), B from shared memory. kTransB: B stored MN-major (K rows of N
-// contiguous elements, e.g. V as keys x head dim): with the 128-byte swizzle a 64-column slab of
-// 8 K rows is a 1024-byte atom, atoms 1024 B apart along K (the descriptor's stride byte
-// offset), so the k16 step j starts 2048 j bytes into the slab.
-template <bool kTransB>
-__device__ __forceinline__ void wgmma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4],
-                                                        uint64_t desc_b, bool accumulate) {
-    asm volatile(
-        "{\n"
-        "  .reg .pred p;\n"
-        "  setp.ne.b32 p, %37, 0;\n"
-        "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-          "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-          "r"(static_cast<int>(accumulate)), "n"(kTransB ? 1 : 0));
-}
+// The wgmma instructions themselves: wgmma.cuh (generated), wgmma_ss / wgmma_rs.
 
 // ---- registers ----
 

@@ -86,8 +86,9 @@ inline uint32_t operand_addr(uint64_t desc, int mn, int k, bool mn_major) {
     return addr ^ (((addr >> 7) & 7u) << 4);
 }
 
+template <typename Element>
 inline float operand(uint64_t desc, int mn, int k, bool mn_major) {
-    return ptx::b16_to_float<__nv_bfloat16>(ptx::load_b16(operand_addr(desc, mn, k, mn_major)));
+    return ptx::b16_to_float<Element>(ptx::load_b16(operand_addr(desc, mn, k, mn_major)));
 }
 
 // Thread t of the warpgroup: (row, column) of its accumulator register i (ptx_sm90.cuh header).
@@ -105,7 +106,7 @@ inline emu::WarpgroupContext& warpgroup() {
 
 // d (64 x N) = (accumulate ? d : 0) + A (64 x 16) B (16 x N); A from `desc_a` (K-major) or from
 // the warpgroup's register fragments `a`, B from `desc_b` (K-major: stored N x K; or MN-major).
-template <int N>
+template <int N, typename Element>
 inline void wgmma_impl(float (&d)[N / 2], const uint64_t* desc_a, const uint32_t* a,
                        uint64_t desc_b, bool trans_b, bool accumulate) {
     const int t = static_cast<int>(threadIdx.x % 128);
@@ -122,7 +123,7 @@ inline void wgmma_impl(float (&d)[N / 2], const uint64_t* desc_a, const uint32_t
         const int reg = (r < 8 ? 0 : 1) + (k < 8 ? 0 : 2);
         const uint32_t word = wg.words[src][reg];
         const uint16_t bits = static_cast<uint16_t>(k % 2 ? word >> 16 : word & 0xFFFF);
-        return ptx::b16_to_float<__nv_bfloat16>(bits);
+        return ptx::b16_to_float<Element>(bits);
     };
     float out[N / 2];
     for (int i = 0; i < N / 2; ++i) {
@@ -130,8 +131,8 @@ inline void wgmma_impl(float (&d)[N / 2], const uint64_t* desc_a, const uint32_t
         acc_coord(t, i, row, col);
         float sum = accumulate ? d[i] : 0.f;
         for (int k = 0; k < 16; ++k) {
-            const float av = a != nullptr ? a_reg(row, k) : operand(*desc_a, row, k, false);
-            const float bv = trans_b ? operand(desc_b, col, k, true) : operand(desc_b, col, k, false);
+            const float av = a != nullptr ? a_reg(row, k) : operand<Element>(*desc_a, row, k, false);
+            const float bv = operand<Element>(desc_b, col, k, trans_b);
             sum += av * bv;
         }
         out[i] = sum;
@@ -210,35 +211,57 @@ inline void bulk_copy_g2s(uint32_t smem_dst, const void* gmem_src, uint32_t byte
     detail::stage_copy(bar, smem_dst, std::vector<unsigned char>(src, src + bytes));
 }
 
-inline void tma_load_2d(uint32_t smem_dst, const void* tensor_map, int c0, int c1, uint32_t bar) {
-    const sm90::TensorMap2d& m = sm90::tensor_map_fields(tensor_map);
-    const uint32_t row_bytes = m.box_cols * m.elem_bytes;
-    const uint32_t bytes = row_bytes * m.box_rows;
+namespace detail {
+// The box of the map at coordinates c[0..rank) into shared memory (zero outside the tensor,
+// the 128-byte swizzle on the box's byte offsets), staged on the barrier.
+inline void tma_load(uint32_t smem_dst, const void* tensor_map, const int (&c)[4], uint32_t bar) {
+    const sm90::TensorMapDesc& m = sm90::tensor_map_fields(tensor_map);
+    const uint32_t row_bytes = m.box[0] * 2;
+    const uint32_t rows = m.box[1] * m.box[2] * m.box[3];
+    const uint32_t bytes = row_bytes * rows;
     emu::smem_at(smem_dst, bytes, m.swizzle_bytes == 128 ? 1024 : 128);
     std::vector<unsigned char> image(bytes, 0);
-    for (uint32_t r = 0; r < m.box_rows; ++r) {
-        for (uint32_t e = 0; e < m.box_cols; ++e) {
-            const long long x = static_cast<long long>(c0) + e, y = static_cast<long long>(c1) + r;
-            uint32_t off = r * row_bytes + e * m.elem_bytes;
-            if (m.swizzle_bytes == 128) off ^= ((off >> 7) & 7u) << 4;
-            if (x < 0 || y < 0 || x >= static_cast<long long>(m.cols) ||
-                y >= static_cast<long long>(m.rows)) {
-                continue;  // out of the tensor: zero fill
+    for (uint32_t r = 0; r < rows; ++r) {
+        // Box row r: coordinates (c1 + i1, c2 + i2, c3 + i3), i1 fastest.
+        const long long i1 = r % m.box[1], i2 = (r / m.box[1]) % m.box[2], i3 = r / (m.box[1] * m.box[2]);
+        const long long y[3] = {c[1] + i1, c[2] + i2, c[3] + i3};
+        bool row_in = true;
+        long long row_off = 0;
+        for (int d = 1; d < 4; ++d) {
+            if (d >= m.rank) {
+                if (y[d - 1] != 0) row_in = false;
+                continue;
             }
-            const auto* src = static_cast<const unsigned char*>(m.base) + y * m.row_stride_bytes +
-                              x * m.elem_bytes;
-            emu::check_readable(src, m.elem_bytes);
-            std::memcpy(&image[off], src, m.elem_bytes);
+            if (y[d - 1] < 0 || y[d - 1] >= static_cast<long long>(m.dims[d])) row_in = false;
+            row_off += y[d - 1] * static_cast<long long>(m.strides_bytes[d]);
+        }
+        for (uint32_t e = 0; e < m.box[0]; ++e) {
+            const long long x = static_cast<long long>(c[0]) + e;
+            uint32_t off = r * row_bytes + e * 2;
+            if (m.swizzle_bytes == 128) off ^= ((off >> 7) & 7u) << 4;
+            if (!row_in || x < 0 || x >= static_cast<long long>(m.dims[0])) continue;  // zero fill
+            const auto* src = static_cast<const unsigned char*>(m.base) + row_off + x * 2;
+            emu::check_readable(src, 2);
+            std::memcpy(&image[off], src, 2);
         }
     }
-    detail::stage_copy(bar, smem_dst, std::move(image));
+    stage_copy(bar, smem_dst, std::move(image));
+}
+}  // namespace detail
+
+inline void tma_load_2d(uint32_t smem_dst, const void* tensor_map, int c0, int c1, uint32_t bar) {
+    detail::tma_load(smem_dst, tensor_map, {c0, c1, 0, 0}, bar);
+}
+inline void tma_load_4d(uint32_t smem_dst, const void* tensor_map, int c0, int c1, int c2, int c3,
+                        uint32_t bar) {
+    detail::tma_load(smem_dst, tensor_map, {c0, c1, c2, c3}, bar);
 }
 
 // ---- wgmma ----
 
-inline uint64_t make_smem_desc_sw128(uint32_t smem_addr) {
+inline uint64_t make_smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes = 16) {
     uint64_t desc = (smem_addr & 0x3FFFFu) >> 4;
-    desc |= static_cast<uint64_t>(1) << 16;
+    desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
     desc |= static_cast<uint64_t>(1024 >> 4) << 32;
     desc |= static_cast<uint64_t>(1) << 62;
     return desc;
@@ -249,15 +272,14 @@ inline void wgmma_commit() {}
 template <int kPending>
 inline void wgmma_wait() {}
 
-inline void wgmma_m64n64k16_bf16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                    bool accumulate) {
-    detail::wgmma_impl<64>(d, &desc_a, nullptr, desc_b, false, accumulate);
+template <int N, typename Element>
+inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    detail::wgmma_impl<N, Element>(d, &desc_a, nullptr, desc_b, false, accumulate);
 }
-
-template <bool kTransB>
-inline void wgmma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                    bool accumulate) {
-    detail::wgmma_impl<64>(d, nullptr, a, desc_b, kTransB, accumulate);
+template <int N, typename Element, bool kTransB>
+inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                     bool accumulate) {
+    detail::wgmma_impl<N, Element>(d, nullptr, a, desc_b, kTransB, accumulate);
 }
 
 // ---- registers ----
