@@ -37,6 +37,8 @@ def extensions():
     archs = cuda_archs()
     dims = head_dims()
     defines = [f"-DFLASH_CUDA_HAS_HDIM_{d}" for d in dims]
+    if "90a" in archs:
+        defines.append("-DFLASH_CUDA_HAS_SM90")  # the sm90 kernels have bodies (sm_90a cubins)
     cxx = ["-O3", "-std=c++20"] + defines
     nvcc = [
         "-O3",

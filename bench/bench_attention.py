@@ -61,10 +61,27 @@ from bench_plan import (DECODE_GRID_MAX_GB, build_plan, estimate_seconds, kv_byt
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
                  "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
-FLASH_IMPLS = ("flash_cuda", "flash_cuda_det")
+# flash_cuda_sm90: flash_cuda with FLASH_CUDA_SM90=1 (the sm90 forward where it covers the call;
+# the backward is the same as flash_cuda's).
+FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", "flash_cuda_sm90")
 STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
                  "illegal instruction", "device-side assert", "launch timed out",
                  "uncorrectable ECC", "CUDA error: unknown error", "context is destroyed")
+
+
+@contextlib.contextmanager
+def env_set(name, value):
+    """The environment variable `name` set to `value` inside the block (flash_cuda reads its
+    switches per call)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
 
 
 class Skip(Exception):
@@ -210,6 +227,8 @@ class Bench:
         if impl in SDPA_BACKENDS:
             from torch.nn.attention import SDPBackend, sdpa_kernel
             return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[impl])])
+        if impl == "flash_cuda_sm90":
+            return env_set("FLASH_CUDA_SM90", "1")
         return contextlib.nullcontext()
 
     def flush_l2(self):

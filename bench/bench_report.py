@@ -6,7 +6,7 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
   section  grid | gqa | decode | decode_grid | memory
   case_id  the cell, e.g. "d128 s4096 b4 h16/16 causal"; `case` holds its numbers
   mode     fwd | fwdbwd | decode
-  impl     flash_cuda | flash_cuda_det | flash_cuda_p<page> | flash_cuda_s<num_splits> | cudnn |
+  impl     flash_cuda | flash_cuda_det | flash_cuda_sm90 | flash_cuda_p<page> | flash_cuda_s<num_splits> | cudnn |
            fa2 | efficient | math
   status   ok | error | oom | skip | unavailable   (`note` says why)
   figures  ms, tflops (prefill), tbps / tbps_graph (decode), extra_bytes (memory), check
@@ -20,12 +20,14 @@ import sys
 LABELS = {
     "flash_cuda": "flash_cuda",
     "flash_cuda_det": "flash_cuda det",
+    "flash_cuda_sm90": "flash_cuda sm90",
     "cudnn": "cuDNN",
     "fa2": "FA2",
     "efficient": "xformers",
     "math": "standard",
 }
-IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "cudnn", "fa2", "efficient", "math"]
+IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "flash_cuda_sm90", "cudnn", "fa2", "efficient",
+              "math"]
 STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 
 
@@ -116,6 +118,10 @@ def prefill_label(case: dict) -> list[str]:
             f"{case.get('sq')} ({case.get('b')})"]
 
 
+# Our implementations with ratio columns against the peers in the prefill tables.
+RATIO_IMPLS = (("flash_cuda", "fc"), ("flash_cuda_sm90", "sm90"))
+
+
 def render_prefill(t: Table, section: str, compact: bool) -> list[str]:
     cases = t.cases(section)
     if not cases:
@@ -127,11 +133,12 @@ def render_prefill(t: Table, section: str, compact: bool) -> list[str]:
     for m in modes:
         impls = t.impls(section, m)
         if compact:
-            impls = [i for i in impls if i in ("flash_cuda", "cudnn", "fa2")]
+            impls = [i for i in impls if i in ("flash_cuda", "flash_cuda_sm90", "cudnn", "fa2")]
         shown[m] = impls
         header += [f"{name[m]}: {label(i)}" for i in impls]
-        if "flash_cuda" in impls:
-            header += [f"{name[m]}: fc/cuDNN", f"{name[m]}: fc/FA2"]
+        for ours, short in RATIO_IMPLS:
+            if ours in impls:
+                header += [f"{name[m]}: {short}/cuDNN", f"{name[m]}: {short}/FA2"]
     if not compact and section == "grid":
         header += ["fwd max err: fc / FA2 (vs cuDNN)"]
     body = []
@@ -141,10 +148,11 @@ def render_prefill(t: Table, section: str, compact: bool) -> list[str]:
         for m in modes:
             for i in shown[m]:
                 line.append(cell(t.get(section, cid, m, i), "tflops"))
-            if "flash_cuda" in shown[m]:
-                fc = value(t.get(section, cid, m, "flash_cuda"), "tflops")
-                line.append(ratio(fc, value(t.get(section, cid, m, "cudnn"), "tflops")))
-                line.append(ratio(fc, value(t.get(section, cid, m, "fa2"), "tflops")))
+            for ours, _ in RATIO_IMPLS:
+                if ours in shown[m]:
+                    fc = value(t.get(section, cid, m, ours), "tflops")
+                    line.append(ratio(fc, value(t.get(section, cid, m, "cudnn"), "tflops")))
+                    line.append(ratio(fc, value(t.get(section, cid, m, "fa2"), "tflops")))
         if not compact and section == "grid":
             fc = t.get(section, cid, "fwd", "flash_cuda") or {}
             fa = t.get(section, cid, "fwd", "fa2") or {}

@@ -13,6 +13,7 @@
 #include "kernels/decode.h"
 #include "kernels/launch.h"
 #include "kernels/philox.cuh"
+#include "kernels/sm90/fwd_sm90_host.h"
 #include "reference/reference.h"
 
 #include <cmath>
@@ -145,6 +146,55 @@ void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_FWD_CASE
 }
 
+// The sm90 forward (kernels/sm90/fwd_sm90.cuh: TMA, wgmma) is opt-in until it has run on the
+// H200: FLASH_CUDA_SM90=1 in the environment routes the calls it covers there, =plain to its
+// variant without overlap inside a warpgroup. Read per call (a getenv), so tests and benchmarks
+// can switch it inside one process. 0: off, 1: on, 2: plain.
+int sm90_fwd_mode() {
+    const char* env = std::getenv("FLASH_CUDA_SM90");
+    if (env == nullptr) return 0;
+    const std::string value(env);
+    return value == "1" ? 1 : value == "plain" ? 2 : 0;
+}
+
+// Compute capability 9.0 (H100 / H200): the sm_90a kernels run there only.
+bool device_is_sm90(const at::Tensor& t) {
+    int major = 0, minor = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device()));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device()));
+    return major == 9 && minor == 0;
+}
+
+// The forward of fwd / varlen_fwd: the sm90 kernel where the build has it (sm_90a), the device
+// is sm_90, it is enabled and covers the call (sm90::fwd_supports); else the sm80 kernels.
+template <typename Element>
+void run_fwd_kernel(FwdParams& params, [[maybe_unused]] const at::Tensor& q, cudaStream_t stream) {
+#ifdef FLASH_CUDA_HAS_SM90
+    const int mode = sm90_fwd_mode();
+    if (mode != 0 && sm90::fwd_supports(params) && device_is_sm90(q)) {
+        params.sm90_plain = mode == 2;
+        const bool causal = params.is_causal;
+        switch (params.d) {
+#ifdef FLASH_CUDA_HAS_HDIM_64
+            case 64:
+                causal ? run_mha_fwd_sm90<Element, 64, true>(params, stream)
+                       : run_mha_fwd_sm90<Element, 64, false>(params, stream);
+                return;
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_128
+            case 128:
+                causal ? run_mha_fwd_sm90<Element, 128, true>(params, stream)
+                       : run_mha_fwd_sm90<Element, 128, false>(params, stream);
+                return;
+#endif
+            default:
+                break;
+        }
+    }
+#endif
+    run_fwd_sm80<Element>(params, params.d_rounded, stream);
+}
+
 // Whether a hand-written forward kernel handles this call (else: reference fallback). Dropout
 // runs in the kernels, compiled without softcap / ALiBi (fwd_launch.cuh); return_softmax
 // (S_dmask, a debugging output) takes the reference, which draws the same mask.
@@ -236,6 +286,7 @@ void set_fwd_params(FwdParams& p, const AttnDims& dims, const at::Tensor& q, con
     p.seqlen_q_rounded = static_cast<int>((dims.seqlen_q + 127) / 128 * 128);
     p.seqlen_k_rounded = static_cast<int>((dims.seqlen_k + 127) / 128 * 128);
     p.total_q = static_cast<int>(dims.total_q);
+    p.total_k = q.dim() == 3 ? static_cast<int>(k.size(0)) : 0;  // varlen (paged: unused)
     // With softcap the kernel computes softcap * tanh(s * (scale / softcap)); the scale is then
     // applied inside the tanh and the log2(e) factor after it.
     set_score_scales(p, static_cast<float>(opts.softmax_scale), static_cast<float>(opts.softcap));
@@ -452,7 +503,7 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     if (dims.seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {
-            run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
+            run_fwd_kernel<decltype(element)>(params, q, stream);
         });
     }
     out = unpad_head_dim(out, dims.head_dim);
@@ -502,7 +553,7 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     if (dims.total_q > 0 && max_seqlen_q > 0) {
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
         dispatch_dtype(q.scalar_type(), [&](auto element) {
-            run_fwd_sm80<decltype(element)>(params, params.d_rounded, stream);
+            run_fwd_kernel<decltype(element)>(params, q, stream);
         });
     }
     out = unpad_head_dim(out, dims.head_dim);

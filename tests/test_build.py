@@ -4,6 +4,7 @@ setup.py (csrc/build_config.py) follows FLASH_CUDA_HEADDIMS / FLASH_CUDA_ARCHS."
 from __future__ import annotations
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -143,3 +144,27 @@ def test_this_machines_compiler_links_libstdcxx_dynamically():
     """The compiler a plain build uses here links the shared libstdc++ (and the built
     extension, where there is one, depends on libstdc++.so.6 rather than carrying a copy)."""
     assert not build_config.links_libstdcxx_statically(build_config.cxx_compiler())
+
+
+@pytest.mark.parametrize("name", ("fwd_hdim128_bf16_sm90.cu", "fwd_hdim64_fp16_causal_sm90.cu"))
+def test_sm90_kernels_compile_unserialized(name, tmp_path):
+    """The sm90 forward compiles for sm_90a with wgmma pipelined (no ptxas C7514-style "wgmma ...
+    serialized" report, a silent large slowdown) and without spills."""
+    import os
+    import shutil
+
+    nvcc = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+    nvcc = str(nvcc) if nvcc.exists() else shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    run = subprocess.run(
+        [nvcc, "-std=c++20", "-O3", "--use_fast_math", "--expt-relaxed-constexpr", "-DNDEBUG",
+         f"-I{CSRC}", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v", "-c",
+         str(INSTANTIATIONS / name), "-o", str(tmp_path / "k.o")],
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = run.stdout + run.stderr
+    assert "mha_fwd_sm90_kernel" in report, "no sm90 kernel in the ptxas report"
+    assert "serialized" not in report, [l for l in report.splitlines() if "serialized" in l][:3]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    assert spills and all(s == ("0", "0") for s in spills), spills

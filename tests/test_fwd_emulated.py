@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
 
+import driver  # noqa: E402
 from driver import CUDA_INCLUDE, run_fwd_emulated  # noqa: E402
 from test_fwd_gpu import (  # noqa: E402
     FEATURES, assert_close_to_oracle, assert_varlen_close_to_oracle, case_id, feature_options,
@@ -94,3 +95,76 @@ def test_varlen_emulated(d, feature):
         max_seqlen_k=max(lens_k), seqused_k=None if used is None else torch.tensor(used), **opts)
     assert_varlen_close_to_oracle(out, lse, q, k, v, cu_q, cu_k,
                                   used if used is not None else lens_k, max(lens_k), opts)
+
+
+# ---- The sm90 forward (csrc/kernels/sm90/fwd_sm90.cuh: TMA, mbarrier pipeline, wgmma) on the
+# emulator's Hopper instructions (tests/emulation/kernels/sm90). Every case is one the kernel
+# covers (head dim 64 / 128, seqlen_q > 64, no dropout or KV cache), and each asserts it ran.
+# Both variants (overlap inside the warpgroup, the default; "plain") on the grid and the
+# pipeline cases, the default on the rest.
+SM90_GRID = [c for c in sampled_cases() if c[1] in (64, 128) and c[2] == (113, 203)]
+SM90_VARIANTS = pytest.mark.parametrize("variant", (True, "plain"), ids=("overlap", "plain"))
+
+
+def run_sm90(q, k, v, variant=True, **opts):
+    out, lse = run_fwd_emulated(q, k, v, sm90=variant, **opts)
+    ran = "sm90 forward (plain)" if variant == "plain" else "sm90 forward\n"
+    assert ran in driver.LAST_STDOUT, "the sm90 kernel (this variant) did not run"
+    return out, lse
+
+
+@SM90_VARIANTS
+@pytest.mark.parametrize("case", SM90_GRID, ids=case_id)
+def test_fwd_grid_emulated_sm90(case, variant):
+    q, k, v, opts = grid_case_inputs(case, device="cpu")
+    out, lse = run_sm90(q, k, v, variant, **opts)
+    assert_close_to_oracle(out, lse, q, k, v, **opts)
+
+
+@SM90_VARIANTS
+@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("causal", (False, True))
+def test_pipeline_wraps_emulated_sm90(d, causal, variant):
+    """Five key blocks through two buffers: the full/empty barriers go through several phases."""
+    gen = torch.Generator().manual_seed(d + causal)
+    q = torch.randn(1, 150, 2, d, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(1, 600, 1, d, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(1, 600, 1, d, dtype=torch.bfloat16, generator=gen)
+    out, lse = run_sm90(q, k, v, variant, causal=causal)
+    assert_close_to_oracle(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("layout", ("packed_qkv", "transposed"))
+def test_non_contiguous_emulated_sm90(layout):
+    b, sq, sk, h, hk, d = 2, 70, 90, 4, 2, 64
+    if layout == "packed_qkv":
+        qkv = torch.randn(b, sq, 3, h, d, dtype=torch.float16)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    else:
+        q = torch.randn(b, h, sq, d, dtype=torch.float16).transpose(1, 2)
+        k = torch.randn(b, hk, sk, d, dtype=torch.float16).transpose(1, 2)
+        v = torch.randn(b, hk, sk, d, dtype=torch.float16).transpose(1, 2)
+    out, lse = run_sm90(q, k, v, causal=True)
+    assert_close_to_oracle(out, lse, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("feature", FEATURES)
+def test_varlen_emulated_sm90(d, feature):
+    """Packed sequences (one of 1 query row, one of 0 keys): the TMA boxes of a sequence read
+    into the next one's rows, which the key mask must hide and the output store skip."""
+    rng = random.Random(d * 10 + FEATURES.index(feature) + 7)
+    b, hk, h = 4, 1, 2
+    lens_q = [1, 130] + [rng.randint(1, 150) for _ in range(b - 2)]
+    lens_k = [rng.randint(1, 300) for _ in range(b - 2)] + [1, 0]
+    rng.shuffle(lens_k)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32)
+    dtype = torch.bfloat16 if feature in ("plain", "softcap", "alibi") else torch.float16
+    q = torch.randn(sum(lens_q), h, d, dtype=dtype)
+    k = torch.randn(sum(lens_k), hk, d, dtype=dtype)
+    v = torch.randn(sum(lens_k), hk, d, dtype=dtype)
+    opts = feature_options(feature, max(lens_q), max(lens_k), b, h, rng, device="cpu")
+    out, lse = run_sm90(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                        max_seqlen_k=max(lens_k), **opts)
+    assert_varlen_close_to_oracle(out, lse, q, k, v, cu_q, cu_k, lens_k, max(lens_k), opts)

@@ -52,6 +52,7 @@ struct FwdParams : public QKVParams {
     int b, seqlen_q, seqlen_k, d;
     int seqlen_q_rounded, seqlen_k_rounded, d_rounded;  // rounded up to 128, 128, kernel head dim
     int total_q;  // varlen: rows of packed q
+    int total_k;  // varlen: rows of packed k / v
 
     // Softmax scale and its base-2 form (scale * log2(e)), folded into one FFMA before exp2.
     float scale_softmax;
@@ -132,6 +133,9 @@ struct FwdParams : public QKVParams {
 
     // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.
     int tile_variant;
+    // sm90 forward (kernels/sm90/fwd_sm90.cuh): the variant without overlap inside a warpgroup
+    // (FLASH_CUDA_SM90=plain; A/B runs).
+    bool sm90_plain;
 };
 
 struct BwdParams : public FwdParams {
@@ -164,8 +168,6 @@ struct BwdParams : public FwdParams {
     int* __restrict__ dq_semaphore;
     bool deterministic;
     int64_t dq_accum_split_stride;
-    // varlen: rows of packed k / v.
-    int total_k;
 };
 
 // Sets the softmax scale, the softcap and the factors derived from them (host side).

@@ -63,6 +63,42 @@ struct OnlineSoftmax {
     template <int kNTiles, int kDTiles>
     __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
                                            float (&o)[kMTiles][kDTiles][4], float log2_scale) {
+        update_rows(s, log2_scale, [&](int mt, int half, float o_scale) {
+#pragma unroll
+            for (int dt = 0; dt < kDTiles; ++dt) {
+                o[mt][dt][2 * half] *= o_scale;
+                o[mt][dt][2 * half + 1] *= o_scale;
+            }
+        });
+    }
+
+    // The same, with the output's rescale factors returned in `o_scale` instead of applied
+    // (rescale() applies them): the sm90 kernel computes P while the previous block's P V is
+    // still accumulating into o, and rescales o once that has landed.
+    template <int kNTiles>
+    __device__ __forceinline__ void update_scores(float (&s)[kMTiles][kNTiles][4],
+                                                  float log2_scale, float (&o_scale)[kMTiles][2]) {
+        update_rows(s, log2_scale,
+                    [&](int mt, int half, float scale) { o_scale[mt][half] = scale; });
+    }
+    template <int kDTiles>
+    __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4],
+                                                   const float (&o_scale)[kMTiles][2]) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[mt][dt][e] *= o_scale[mt][e / 2];
+            }
+        }
+    }
+
+    // Per row: the new max, p = 2^(s log2_scale - max log2_scale) in place, row_sum rescaled, and
+    // scale_o(mt, half, factor) with the output's rescale factor (update / update_scores).
+    template <int kNTiles, typename ScaleO>
+    __device__ __forceinline__ void update_rows(float (&s)[kMTiles][kNTiles][4], float log2_scale,
+                                                ScaleO&& scale_o) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -92,11 +128,7 @@ struct OnlineSoftmax {
                     }
                 }
                 row_sum[mt][half] *= o_scale;
-#pragma unroll
-                for (int dt = 0; dt < kDTiles; ++dt) {
-                    o[mt][dt][2 * half] *= o_scale;
-                    o[mt][dt][2 * half + 1] *= o_scale;
-                }
+                scale_o(mt, half, o_scale);
             }
         }
     }

@@ -27,7 +27,7 @@ def kernel_head_dim(d: int) -> int:
 
 
 def sources() -> list[pathlib.Path]:
-    return sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h")) + sorted(HERE.glob("kernels/*")) + \
+    return sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h")) + sorted(HERE.glob("kernels/**/*")) + \
         sorted((ROOT / "csrc" / "kernels").rglob("*.cuh")) + sorted((ROOT / "csrc" / "kernels").rglob("*.h"))
 
 
@@ -46,7 +46,7 @@ def emulator_binary(head_dim: int, program: str = "fwd_emulated", defines=()) ->
     if exe.exists() and exe.stat().st_mtime >= newest:
         return exe
     cmd = [
-        os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-pthread", f"-DEMU_HEAD_DIM={head_dim}",
+        os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-pthread", "-Wno-psabi", f"-DEMU_HEAD_DIM={head_dim}",
         "-include", str(HERE / "prelude.h"), f"-I{HERE}", f"-I{ROOT / 'csrc'}", f"-I{CUDA_INCLUDE}",
         *(f"-D{d}" for d in defines), str(HERE / f"{program}.cpp"), "-o", str(exe) + ".tmp",
     ]
@@ -84,7 +84,7 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
                      max_seqlen_k=None, seqused_k=None, block_table=None, cache_batch_idx=None,
                      cache_leftpad=None, num_splits=1, pack_gqa=False, dropout_p=0.0,
                      rng_state=None, philox_on_device=False, return_rng_state=False, timeout=1800,
-                     keysplit=None):
+                     keysplit=None, sm90=False):
     """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd.
 
     KV cache / decode extras (the kernel part of fwd_kvcache; no append): block_table (k, v
@@ -95,8 +95,11 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     philox_on_device passes them as device pointers (the CUDA-graph path), and the kernel writes
     the rng_state it used, returned third with return_rng_state.
     keysplit: True / False set FLASH_CUDA_DECODE_KEYSPLIT=1 / 0 for the run (the key-split decode
-    tile, on by default, kernels/decode.h), None leaves the environment as it is. The emulator's stdout
-    (which says which tile ran) is kept in LAST_STDOUT."""
+    tile, on by default, kernels/decode.h), None leaves the environment as it is. sm90: True or
+    "plain" runs the sm90 forward (kernels/sm90/fwd_sm90.cuh; "plain": its variant without overlap
+    inside a warpgroup) where it covers the call (EMU_SM90; the emulator prints "sm90 forward"
+    when it ran). The emulator's stdout (which says which tile ran) is kept
+    in LAST_STDOUT."""
     global LAST_STDOUT
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
@@ -110,10 +113,11 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
         sq, sk = int(max_seqlen_q), int(max_seqlen_k)
         total_q, h = q.shape[0], q.shape[1]
         hk = k.shape[-2]  # (total_k, hk, d), or paged (num_blocks, page, hk, d)
+        total_k = k.shape[0] if block_table is None else 0
     else:
         b, sq, h = q.shape[0], q.shape[1], q.shape[2]
         sk, hk = k.shape[1], k.shape[2]
-        total_q = 0
+        total_q = total_k = 0
     if block_table is not None:
         sk = block_table.shape[1] * k.shape[1] if not varlen else int(max_seqlen_k)
     causal, left, right = normalize_mask(causal, window[0], window[1], sk)
@@ -121,7 +125,8 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     try:
         params = {
             "dtype": "bf16" if q.dtype == torch.bfloat16 else "fp16", "hdim": hd, "b": b, "h": h,
-            "hk": hk, "sq": sq, "sk": sk, "d": dp, "total_q": total_q, "scale": repr(float(softmax_scale)),
+            "hk": hk, "sq": sq, "sk": sk, "d": dp, "total_q": total_q, "total_k": total_k,
+            "scale": repr(float(softmax_scale)),
             "softcap": repr(float(softcap)), "window_left": left, "window_right": right,
             "causal": int(causal), "num_splits": int(num_splits), "pack_gqa": int(pack_gqa),
         }
@@ -159,9 +164,9 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
         if cache_leftpad is not None:
             cache_leftpad.int().numpy().tofile(tmp / "leftpad.bin")
         (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))
-        env = None
+        env = dict(os.environ, EMU_SM90={False: "0", True: "1", "plain": "plain"}[sm90])
         if keysplit is not None:
-            env = dict(os.environ, FLASH_CUDA_DECODE_KEYSPLIT="1" if keysplit else "0")
+            env["FLASH_CUDA_DECODE_KEYSPLIT"] = "1" if keysplit else "0"
         run = subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout,
                              env=env, stdout=subprocess.PIPE, text=True)
         LAST_STDOUT = run.stdout

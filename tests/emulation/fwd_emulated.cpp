@@ -23,6 +23,10 @@
 #include "kernels/combine.cuh"
 #include "kernels/decode.h"
 #include "kernels/sm80/fwd.cuh"
+#include "kernels/sm90/fwd_sm90_host.h"
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
+#include "kernels/sm90/fwd_sm90.cuh"
+#endif
 #include "host_io.h"
 #include "dropout_params.h"
 
@@ -86,11 +90,60 @@ void run_traits(FwdParams& params) {
     else go(&mha_fwd_sm80_kernel<Element, Traits, Causal, false, false>);
 }
 
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
+// One sm90 forward tile on the emulator (the launcher's variant choice).
+template <typename Element, bool Causal, typename Traits>
+bool run_sm90_traits(FwdParams& params) {
+    namespace s90 = flash_cuda::sm90;
+    s90::FwdTensorMaps maps;
+    if (s90::make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps) != 0) {
+        std::fprintf(stderr, "emulation error: tensor maps rejected\n");
+        std::exit(2);
+    }
+    std::printf("emulator: sm90 forward%s\n", Traits::kOverlap ? "" : " (plain)");
+    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.b, params.h);
+    const bool has_softcap = params.softcap > 0.f;
+    const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
+                           (!has_softcap && !(params.scale_softmax > 0.f));
+    auto go = [&](auto kernel) {
+        emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes,
+                    [&] { kernel(params, maps.q, maps.k, maps.v); });
+    };
+    using s90::mha_fwd_sm90_kernel;
+    if (has_softcap && has_alibi) go(&mha_fwd_sm90_kernel<Element, Traits, Causal, true, true>);
+    else if (has_softcap) go(&mha_fwd_sm90_kernel<Element, Traits, Causal, false, true>);
+    else if (has_alibi) go(&mha_fwd_sm90_kernel<Element, Traits, Causal, true, false>);
+    else go(&mha_fwd_sm90_kernel<Element, Traits, Causal, false, false>);
+    return true;
+}
+#endif
+
+// The sm90 forward (kernels/sm90/fwd_sm90.cuh) where it covers the call and the environment has
+// EMU_SM90=1 or =plain (as flash_api.cpp with FLASH_CUDA_SM90 on an sm_90 GPU). False when it
+// did not run.
+template <typename Element, bool Causal>
+bool run_sm90(FwdParams& params) {
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
+    namespace s90 = flash_cuda::sm90;
+    const char* want = std::getenv("EMU_SM90");
+    const std::string mode = want == nullptr ? "0" : want;
+    if ((mode != "1" && mode != "plain") || !s90::fwd_supports(params)) return false;
+    using Config = s90::FwdSm90Config<EMU_HEAD_DIM>;
+    if (mode == "plain") return run_sm90_traits<Element, Causal, typename Config::PlainTraits>(params);
+    return run_sm90_traits<Element, Causal, typename Config::Traits>(params);
+#else
+    (void)params;
+    return false;
+#endif
+}
+
+
 // Tile choice of run_mha_fwd_sm80 (fwd_launch.cuh): the decode tile for short queries and paged
 // caches (the only one with split-KV and paged loads), else the head dim's tile.
 template <typename Element, bool Causal>
 void run(FwdParams& params) {
     using namespace flash_cuda::sm80;
+    if (run_sm90<Element, Causal>(params)) return;
     if (params.seqlen_q <= FwdDecodeConfig<EMU_HEAD_DIM>::kBlockM || params.block_table != nullptr ||
         params.gqa_pack > 1) {
         // The key-split tile (unless FLASH_CUDA_DECODE_KEYSPLIT=0, as the launcher).
@@ -212,6 +265,7 @@ int main(int argc, char** argv) {
     p.d = geti("d");
     p.d_rounded = EMU_HEAD_DIM;
     p.total_q = geti("total_q");
+    p.total_k = static_cast<int>(geti_or("total_k", 0));
     set_score_scales(p, getf("scale"), getf("softcap"));
     p.window_size_left = geti("window_left");
     p.window_size_right = geti("window_right");

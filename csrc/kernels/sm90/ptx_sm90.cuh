@@ -144,6 +144,18 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // The wgmma instructions themselves: wgmma.cuh (generated), wgmma_ss / wgmma_rs.
 
+// An empty asm that "reads and writes" each register of `r`: the compiler may not move other
+// accesses of these values across it. Around a wgmma batch (before the fence, after the wait) it
+// keeps the arithmetic on accumulators and A fragments out of the window in which the tensor
+// cores own them (the asm of wgmma.mma_async looks complete to the compiler at issue).
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+template <typename T, int N>
+__device__ __forceinline__ void fence_operand(T (&r)[N]) {  // arrays of any rank
+#pragma unroll
+    for (int i = 0; i < N; ++i) fence_operand(r[i]);
+}
+
 // ---- registers ----
 
 // setmaxnreg.{dec,inc}.sync.aligned.u32: the warpgroup gives back / takes registers (producer

@@ -6,7 +6,8 @@
 //   completes when its pending arrivals and its transaction bytes both reach zero; try_wait with
 //   parity P succeeds once the current phase's parity differs from P).
 // - Bulk and TMA copies are staged (the global bytes read at issue) and written to shared memory
-//   when the barrier's phase completes: a buffer read before its wait still holds the old bytes.
+//   when the barrier's phase completes, which the emulator does lazily (at the next wait on the
+//   barrier or before its next arrival): a buffer read without its wait still holds old bytes.
 //   A wait that never completes fails the run after EMU_WAIT_SECONDS (default 20) instead of
 //   hanging.
 // - wgmma computes at issue from the shared-memory operands the descriptors describe (start
@@ -37,8 +38,11 @@ inline emu::MBarrier& barrier_locked(uint32_t bar) {
 }
 
 // Completes the phase when no arrival and no transaction byte is outstanding: the staged copies
-// land in shared memory, the phase count advances, the arrival count re-arms.
-inline void maybe_complete_locked(emu::MBarrier& b) {
+// land in shared memory, the phase count advances, the arrival count re-arms. Called lazily --
+// by a wait on the barrier, or before the next arrival / copy changes it -- so the copies of a
+// buffer land only once somebody waits for them: a kernel that reads a buffer without waiting
+// on its barrier sees the old contents (and fails its check).
+inline void complete_if_ready_locked(emu::MBarrier& b) {
     if (b.pending > 0 || b.tx != 0) return;
     for (size_t i = 0; i < b.staged.size(); ++i) {
         std::memcpy(emu::smem_at(b.staged_dst[i], b.staged[i].size(), 16), b.staged[i].data(),
@@ -53,10 +57,10 @@ inline void maybe_complete_locked(emu::MBarrier& b) {
 inline void stage_copy(uint32_t bar, uint32_t smem_dst, std::vector<unsigned char> bytes) {
     std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
     emu::MBarrier& b = barrier_locked(bar);
+    complete_if_ready_locked(b);
     b.tx -= static_cast<long long>(bytes.size());
     b.staged_dst.push_back(smem_dst);
     b.staged.push_back(std::move(bytes));
-    maybe_complete_locked(b);
 }
 
 inline double wait_limit_seconds() {
@@ -158,15 +162,15 @@ inline void fence_barrier_init() {}
 inline void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
     emu::MBarrier& b = detail::barrier_locked(bar);
+    detail::complete_if_ready_locked(b);
     b.tx += bytes;
     b.pending -= 1;
-    detail::maybe_complete_locked(b);
 }
 inline void mbarrier_arrive(uint32_t bar) {
     std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
     emu::MBarrier& b = detail::barrier_locked(bar);
+    detail::complete_if_ready_locked(b);
     b.pending -= 1;
-    detail::maybe_complete_locked(b);
 }
 
 inline bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {
@@ -174,7 +178,8 @@ inline bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {
     thread_local bool missing = false;
     {
         std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
-        const emu::MBarrier& b = detail::barrier_locked(bar);
+        emu::MBarrier& b = detail::barrier_locked(bar);
+        detail::complete_if_ready_locked(b);
         if ((b.phase % 2) != (parity & 1u)) {
             missing = false;
             return true;
@@ -267,6 +272,8 @@ inline uint64_t make_smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes = 16
     return desc;
 }
 
+template <typename T, int N>
+inline void fence_operand(T (&)[N]) {}
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 template <int kPending>

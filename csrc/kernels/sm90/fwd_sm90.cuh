@@ -1,0 +1,421 @@
+// Forward on Hopper (sm_90a): TMA loads and wgmma, warp-specialised (../shared/DESIGN.md section 6).
+// First version: no overlap of softmax and GEMMs inside a warpgroup, no pingpong, no TMA store.
+//
+// One CTA = kBlockM = 128 query rows of one (batch, head), 3 warpgroups (384 threads):
+//   warpgroup 0, the producer (registers lowered to 24): one thread issues the TMA copies --
+//     Q once (kSlabs boxes of 128 rows x 64 columns), then for key blocks n = last .. first the
+//     K and V tiles (kSlabs boxes of kBlockN rows x 64 columns each) into kStages buffers, each
+//     buffer guarded by a `full` mbarrier (arrive.expect_tx + the copies' bytes) and an `empty`
+//     mbarrier (one arrival per consumer thread once its wgmma no longer reads it).
+//   warpgroups 1 and 2, the consumers (registers raised to 240): rows 64 (wg - 1) .. + 63.
+//     Per key block:
+//       S = Q K^T      wgmma m64 n kBlockN k16, both operands K-major from shared memory (SS)
+//       softcap / ALiBi / mask, online softmax on the accumulators (the per-warp layout is the
+//       mma.m16n8 C layout of the sm80 kernels: mask.cuh and softmax.cuh apply as they are)
+//       l += P 1       mma.sync with a ones fragment (softmax.cuh: l of the 16-bit P)
+//       O += P V       wgmma m64 n HeadDim k16, P from registers (the S accumulators converted
+//                      to A fragments in place), V MN-major from shared memory (RS)
+//   Epilogue: O / l straight from the accumulators to global (4-byte stores), lse per row.
+// Shared memory, each operand as 64-column slabs of rows of 128 bytes, the 128-byte swizzle
+// (what the TMA writes for a 64-element box and the wgmma descriptors read):
+//   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     then the mbarriers
+//
+// Tensors as in sm80/fwd.cuh (q, k, v, o, lse; fixed length or varlen), read through rank-4
+// tensor maps (column, row, head, batch) built by the launcher (fwd_sm90_launch.cuh):
+//   fixed length: rows = seqlen, the batch coordinate = the batch: rows past a sequence's end are
+//     zero-filled by the TMA;
+//   varlen: rows = the packed total, batch extent 1, row coordinate = the sequence's start + the
+//     tile's row: rows past the sequence's end belong to the next sequence (keys masked; query
+//     rows never stored).
+// Not here (the launcher keeps these on the sm80 kernels): dropout, KV caches (paged,
+// cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other than 64 / 128.
+// Grid (ceil(max seqlen_q / kBlockM), b, h).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/mask.cuh"
+#include "kernels/params.h"
+#include "kernels/ptx.cuh"
+#include "kernels/sm80/fwd.cuh"  // SequenceInfo, OutputTile
+#include "kernels/sm80/warp_gemm.cuh"
+#include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/softmax.cuh"
+
+namespace flash_cuda {
+namespace sm90 {
+
+template <int HeadDim, int BlockN, int Stages, bool Overlap>
+struct FwdSm90Traits {
+    static constexpr int kHeadDim = HeadDim;
+    static constexpr int kBlockM = 128;
+    static constexpr int kBlockN = BlockN;
+    static constexpr int kStages = Stages;
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+    static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+    static constexpr int kSlabs = HeadDim / 64;  // 64-column slabs of every operand
+    // Overlap of the next block's S with this block's P V inside each consumer warpgroup.
+    static constexpr bool kOverlap = Overlap;
+
+    static constexpr int kQSlabBytes = kBlockM * 128;
+    static constexpr int kKVSlabBytes = kBlockN * 128;
+    static constexpr int kQBytes = kSlabs * kQSlabBytes;
+    static constexpr int kKVTileBytes = kSlabs * kKVSlabBytes;
+    static constexpr int kSmemQOffset = 0;
+    static constexpr int kSmemKOffset = kQBytes;
+    static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
+    static constexpr int kSmemBarOffset = kSmemVOffset + kStages * kKVTileBytes;
+    // mbarriers: full Q, then per stage full K, full V, empty K, empty V.
+    static constexpr int kNumBarriers = 1 + 4 * kStages;
+    // The tiles need 1024-byte alignment; the dynamic shared memory is only 128-byte aligned.
+    static constexpr int kSmemBytes = 1024 + kSmemBarOffset + 8 * kNumBarriers;
+
+    // The geometry the sm80 helpers (warp_gemm.cuh: P -> A fragments, P 1) see: one 16-row
+    // slice per warp, kBlockN keys.
+    struct PTile {
+        static constexpr int kMTiles = 1;
+        static constexpr int kBlockN = BlockN;
+        static constexpr int kNTiles = BlockN / 8;
+    };
+
+    static_assert(HeadDim == 64 || HeadDim == 128, "sm90 forward: head dims 64 and 128");
+    static_assert(BlockN % 16 == 0 && BlockN <= 256, "wgmma N: a multiple of 16, at most 256");
+    static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+};
+
+// Traits: the default tile (overlap inside the warpgroup); PlainTraits: one block at a time
+// (FLASH_CUDA_SM90=plain, for A/B runs).
+template <int HeadDim>
+struct FwdSm90Config {
+    using Traits = FwdSm90Traits<HeadDim, 128, 2, true>;
+    using PlainTraits = FwdSm90Traits<HeadDim, 128, 2, false>;
+};
+
+// Shared-memory addresses of the CTA's tiles and barriers.
+template <typename Traits>
+struct Sm90Smem {
+    uint32_t q, k, v, bar;
+    __device__ __forceinline__ static Sm90Smem make() {
+        const uint32_t raw = ptx::smem_addr(ptx::dynamic_smem());
+        Sm90Smem s;
+        s.q = (raw + 1023u) & ~1023u;
+        s.k = s.q + Traits::kSmemKOffset;
+        s.v = s.q + Traits::kSmemVOffset;
+        s.bar = s.q + Traits::kSmemBarOffset;
+        return s;
+    }
+    __device__ __forceinline__ uint32_t full_q() const { return bar; }
+    __device__ __forceinline__ uint32_t full_k(int stage) const { return bar + 8 * (1 + stage); }
+    __device__ __forceinline__ uint32_t full_v(int stage) const {
+        return bar + 8 * (1 + Traits::kStages + stage);
+    }
+    __device__ __forceinline__ uint32_t empty_k(int stage) const {
+        return bar + 8 * (1 + 2 * Traits::kStages + stage);
+    }
+    __device__ __forceinline__ uint32_t empty_v(int stage) const {
+        return bar + 8 * (1 + 3 * Traits::kStages + stage);
+    }
+};
+
+__device__ __forceinline__ void wait_phase(uint32_t bar, uint32_t parity) {
+    while (!ptx90::mbarrier_try_wait_parity(bar, parity)) {
+    }
+}
+
+// The tile's rows in the tensor maps: row and batch coordinates of the first query row / key 0.
+struct MapRows {
+    int q_row, k_row, batch;
+    __device__ __forceinline__ static MapRows make(const FwdParams& params, int batch, int m0) {
+        MapRows r;
+        if (params.cu_seqlens_q != nullptr) {  // varlen: packed rows, batch extent 1
+            r.q_row = params.cu_seqlens_q[batch] + m0;
+            r.k_row = params.cu_seqlens_k[batch];
+            r.batch = 0;
+        } else {
+            r.q_row = m0;
+            r.k_row = 0;
+            r.batch = batch;
+        }
+        return r;
+    }
+};
+
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    mha_fwd_sm90_kernel(const __grid_constant__ FwdParams params,
+                        const __grid_constant__ CUtensorMap q_map,
+                        const __grid_constant__ CUtensorMap k_map,
+                        const __grid_constant__ CUtensorMap v_map) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // A pass for an architecture without wgmma / setmaxnreg (the instantiation files compile
+    // for every architecture of the build): no body. flash_api.cpp launches this kernel only
+    // on an sm_90 device of a build with sm_90a (FLASH_CUDA_HAS_SM90).
+    __trap();
+#else
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kStages = Traits::kStages;
+    constexpr int kSlabs = Traits::kSlabs;
+    using PTile = typename Traits::PTile;
+
+    const Sm90Smem<Traits> smem = Sm90Smem<Traits>::make();
+    const int tid = threadIdx.x;
+    const int num_m_blocks = gridDim.x;
+    // Causal: the last query blocks have the most keys; start them first.
+    const int m_block = Causal ? num_m_blocks - 1 - static_cast<int>(blockIdx.x) : blockIdx.x;
+    const int batch = blockIdx.y;
+    const int head = blockIdx.z;
+    const int m0 = m_block * kBlockM;
+
+    const sm80::SequenceInfo seq = sm80::SequenceInfo::make(params, batch);
+    if (m0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than the grid
+    const int valid_q_rows = min(kBlockM, seq.seqlen_q - m0);
+
+    AttentionMask mask;
+    mask.seqlen_k = seq.seqlen_k;
+    mask.diag = seq.seqlen_k - seq.seqlen_q;
+    mask.window_left = params.window_size_left;
+    mask.window_right = Causal ? 0 : params.window_size_right;
+    const int keys_begin = max(0, mask.key_begin(m0));
+    const int keys_end = mask.key_end(m0 + valid_q_rows - 1);
+    const int n_block_min = keys_begin / kBlockN;
+    const int n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
+    const int n_iters = n_block_max - n_block_min;
+
+    if (n_iters <= 0) {  // no visible key for any row of the tile: out = 0, lse = +inf
+        const sm80::OutputTile<Element> out =
+            sm80::OutputTile<Element>::make(params, seq, batch, head, m0, kBlockM);
+        for (int i = tid; i < out.valid_rows * params.d; i += Traits::kNThreads) {
+            const int row = i / params.d, col = i - row * params.d;
+            out.o[static_cast<int64_t>(row) * params.o_row_stride + col] = Element(0.f);
+        }
+        for (int row = tid; row < out.valid_rows; row += Traits::kNThreads) {
+            out.lse[row] = INFINITY;
+        }
+        return;
+    }
+
+    if (tid == 0) {
+        ptx90::mbarrier_init(smem.full_q(), 1);
+        for (int s = 0; s < kStages; ++s) {
+            ptx90::mbarrier_init(smem.full_k(s), 1);
+            ptx90::mbarrier_init(smem.full_v(s), 1);
+            ptx90::mbarrier_init(smem.empty_k(s), Traits::kConsumerThreads);
+            ptx90::mbarrier_init(smem.empty_v(s), Traits::kConsumerThreads);
+        }
+        ptx90::fence_barrier_init();
+    }
+    __syncthreads();  // the last CTA-wide barrier: the warpgroups go their own ways from here
+
+    const int warpgroup = tid / 128;
+    if (warpgroup == 0) {
+        // ---- Producer.
+        ptx90::setmaxnreg_dec<24>();
+        if (tid != 0) return;
+        const MapRows rows = MapRows::make(params, batch, m0);
+        const int kv_head = head / params.h_h_k_ratio;
+        ptx90::mbarrier_arrive_expect_tx(smem.full_q(), Traits::kQBytes);
+        for (int slab = 0; slab < kSlabs; ++slab) {
+            ptx90::tma_load_4d(smem.q + slab * Traits::kQSlabBytes, &q_map, 64 * slab, rows.q_row,
+                               head, rows.batch, smem.full_q());
+        }
+        for (int it = 0; it < n_iters; ++it) {
+            const int stage = it % kStages;
+            const uint32_t phase = (it / kStages) & 1;
+            const int key0 = rows.k_row + (n_block_max - 1 - it) * kBlockN;
+            // The consumers released this buffer's previous block (first round: passes at once).
+            wait_phase(smem.empty_k(stage), phase ^ 1);
+            ptx90::mbarrier_arrive_expect_tx(smem.full_k(stage), Traits::kKVTileBytes);
+            for (int slab = 0; slab < kSlabs; ++slab) {
+                ptx90::tma_load_4d(smem.k + stage * Traits::kKVTileBytes + slab * Traits::kKVSlabBytes,
+                                   &k_map, 64 * slab, key0, kv_head, rows.batch, smem.full_k(stage));
+            }
+            wait_phase(smem.empty_v(stage), phase ^ 1);
+            ptx90::mbarrier_arrive_expect_tx(smem.full_v(stage), Traits::kKVTileBytes);
+            for (int slab = 0; slab < kSlabs; ++slab) {
+                ptx90::tma_load_4d(smem.v + stage * Traits::kKVTileBytes + slab * Traits::kKVSlabBytes,
+                                   &v_map, 64 * slab, key0, kv_head, rows.batch, smem.full_v(stage));
+            }
+        }
+        return;
+    }
+
+    // ---- Consumers: warpgroup 1 + c owns tile rows 64 c .. 64 c + 63.
+    ptx90::setmaxnreg_inc<240>();
+    const int c = warpgroup - 1;
+    const int t = tid % 128;
+    const int lane = t % 32;
+    const int warp_row0 = 64 * c + 16 * (t / 32);  // the warp's first row in the tile
+
+    const float softcap_pre_scale = HasSoftcap ? params.softcap_pre_scale : 0.f;
+    const float score_scale = HasSoftcap ? params.softcap : params.scale_softmax;
+    const float log2_scale =
+        HasAlibi ? static_cast<float>(M_LOG2E)
+                 : (HasSoftcap ? params.softcap_log2 : params.scale_softmax_log2);
+    const float alibi_slope =
+        HasAlibi && params.alibi_slopes_ptr != nullptr
+            ? reinterpret_cast<const float*>(params.alibi_slopes_ptr)
+                  [batch * params.alibi_slopes_batch_stride + head]
+            : 0.f;
+    const KeyRange key_range = KeyRange::make(mask);
+    // Key blocks inside every tile row's visible range need no mask.
+    const int unmasked_keys_end = mask.key_end(m0);
+    const int unmasked_keys_begin = mask.key_begin(m0 + kBlockM - 1);
+
+    float acc_o[Traits::kHeadDim / 2];  // O (64 x HeadDim) of the warpgroup, wgmma layout
+    float acc_s[kBlockN / 2];           // S (64 x kBlockN)
+#pragma unroll
+    for (int i = 0; i < Traits::kHeadDim / 2; ++i) acc_o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) acc_s[i] = 0.f;
+    // The same registers in the sm80 fragment shape [1][N / 8][4] (mask.cuh, softmax.cuh).
+    auto& s_frag = *reinterpret_cast<float(*)[1][kBlockN / 8][4]>(&acc_s);
+    auto& o_frag = *reinterpret_cast<float(*)[1][Traits::kHeadDim / 8][4]>(&acc_o);
+    OnlineSoftmax<1> softmax;
+    softmax.init();
+
+    const uint32_t q_rows = smem.q + 64 * c * 128;  // this warpgroup's 64 rows of each Q slab
+    // S = Q K^T of iteration `it` into acc_s (issued, committed, not waited for). K-major
+    // operands: k16 step ks reads 32 bytes into every 128-byte row of slab ks / 4.
+    auto issue_qk = [&](int it) {
+        const uint32_t k_tile = smem.k + (it % kStages) * Traits::kKVTileBytes;
+        ptx90::fence_operand(acc_s);
+        ptx90::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
+            const uint32_t offset = 32 * (ks % 4);
+            const uint64_t desc_q =
+                ptx90::make_smem_desc_sw128(q_rows + (ks / 4) * Traits::kQSlabBytes + offset);
+            const uint64_t desc_k =
+                ptx90::make_smem_desc_sw128(k_tile + (ks / 4) * Traits::kKVSlabBytes + offset);
+            ptx90::wgmma_ss<kBlockN, Element>(acc_s, desc_q, desc_k, ks > 0);
+        }
+        ptx90::wgmma_commit();
+    };
+    // O += P V of iteration `it` (issued, committed, not waited for): V MN-major, k16 step kk =
+    // 16 keys = two 1024-byte atoms of every slab; the slabs (64 columns each) are kKVSlabBytes
+    // apart (the leading byte offset).
+    uint32_t p_frag[1][kBlockN / 16][4];
+    auto issue_pv = [&](int it) {
+        const uint32_t v_tile = smem.v + (it % kStages) * Traits::kKVTileBytes;
+        ptx90::fence_operand(acc_o);
+        ptx90::fence_operand(p_frag);
+        ptx90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            const uint64_t desc_v =
+                ptx90::make_smem_desc_sw128(v_tile + 2048 * kk, Traits::kKVSlabBytes);
+            ptx90::wgmma_rs<Traits::kHeadDim, Element, true>(acc_o, p_frag[0][kk], desc_v, true);
+        }
+        ptx90::wgmma_commit();
+    };
+    // Softcap, ALiBi and the mask on the scores of iteration `it`.
+    auto transform_scores = [&](int it) {
+        const int n_block = n_block_max - 1 - it;
+        if constexpr (HasSoftcap) apply_softcap(s_frag, softcap_pre_scale);
+        const int frag_row0 = m0 + warp_row0 + lane / 4;
+        const int frag_col0 = n_block * kBlockN + 2 * (lane % 4);
+        if constexpr (HasAlibi) {
+            apply_alibi(s_frag, score_scale, alibi_slope, frag_row0 + mask.diag, frag_col0);
+        }
+        const bool block_needs_mask = (n_block + 1) * kBlockN > unmasked_keys_end ||
+                                      n_block * kBlockN < unmasked_keys_begin;
+        if (block_needs_mask) apply_mask(s_frag, key_range, frag_row0, frag_col0);
+    };
+    auto phase_of = [&](int it) { return static_cast<uint32_t>((it / kStages) & 1); };
+
+    wait_phase(smem.full_q(), 0);
+    if constexpr (!Traits::kOverlap) {
+        // One block at a time: S, softmax, P V, each waited for before the next.
+        for (int it = 0; it < n_iters; ++it) {
+            const int stage = it % kStages;
+            wait_phase(smem.full_k(stage), phase_of(it));
+            issue_qk(it);
+            ptx90::wgmma_wait<0>();
+            ptx90::fence_operand(acc_s);
+            ptx90::mbarrier_arrive(smem.empty_k(stage));
+            transform_scores(it);
+            softmax.update(s_frag, o_frag, log2_scale);
+            sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+            sm80::warp_gemm_p_rowsum<Element, PTile>(softmax.row_sum, p_frag);
+            wait_phase(smem.full_v(stage), phase_of(it));
+            issue_pv(it);
+            ptx90::wgmma_wait<0>();
+            ptx90::fence_operand(acc_o);
+            ptx90::mbarrier_arrive(smem.empty_v(stage));
+        }
+    } else {
+        // Overlap inside the warpgroup (DESIGN.md section 6): S of the next block and P V of this
+        // one are issued back to back, and only S is waited for, so the next block's mask and
+        // exponentials run while the tensor cores still accumulate P V. O is rescaled once that
+        // P V has landed. P's A fragments stay untouched until then.
+        // The last block is peeled off (no next S), so the loop body is one straight-line
+        // wgmma pipeline: ptxas serialises the wgmma (C7514) where a data-dependent branch
+        // leaves it unsure which group a wait retires.
+        wait_phase(smem.full_k(0), 0);
+        issue_qk(0);
+        ptx90::wgmma_wait<0>();
+        ptx90::fence_operand(acc_s);
+        ptx90::mbarrier_arrive(smem.empty_k(0));
+        auto step = [&](int it, auto has_next) {
+            const int stage = it % kStages;
+            transform_scores(it);
+            float o_scale[1][2];
+            softmax.update_scores(s_frag, log2_scale, o_scale);
+            // P V of the previous block has landed (none pending at it = 0): O is final for
+            // the rescale, p_frag free, the previous V buffer released.
+            ptx90::wgmma_wait<0>();
+            ptx90::fence_operand(acc_o);
+            ptx90::fence_operand(p_frag);
+            if (it > 0) ptx90::mbarrier_arrive(smem.empty_v((it - 1) % kStages));
+            OnlineSoftmax<1>::rescale(o_frag, o_scale);
+            sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+            sm80::warp_gemm_p_rowsum<Element, PTile>(softmax.row_sum, p_frag);
+            if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
+                wait_phase(smem.full_k((it + 1) % kStages), phase_of(it + 1));
+                issue_qk(it + 1);
+            }
+            wait_phase(smem.full_v(stage), phase_of(it));
+            issue_pv(it);
+            if constexpr (decltype(has_next)::value) {
+                ptx90::wgmma_wait<1>();  // S of the next block (the older group) is complete
+                ptx90::fence_operand(acc_s);
+                ptx90::mbarrier_arrive(smem.empty_k((it + 1) % kStages));
+            }
+        };
+        for (int it = 0; it + 1 < n_iters; ++it) step(it, std::true_type{});
+        step(n_iters - 1, std::false_type{});
+        ptx90::wgmma_wait<0>();
+        ptx90::fence_operand(acc_o);
+        ptx90::mbarrier_arrive(smem.empty_v((n_iters - 1) % kStages));
+    }
+
+    // ---- Epilogue: O / l and lse straight from the registers.
+    float lse[1][2];
+    softmax.finalize(o_frag, lse, log2_scale);
+    const sm80::OutputTile<Element> out =
+        sm80::OutputTile<Element>::make(params, seq, batch, head, m0, kBlockM);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
+        if (row >= out.valid_rows) continue;
+        if (lane % 4 == 0) out.lse[row] = lse[0][half];
+        Element* o_row = out.o + static_cast<int64_t>(row) * params.o_row_stride + 2 * (lane % 4);
+#pragma unroll
+        for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
+            const uint32_t pair =
+                ptx::pack_float2<Element>(o_frag[0][dt][2 * half], o_frag[0][dt][2 * half + 1]);
+            *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = pair;
+        }
+    }
+#endif  // sm_90a
+}
+
+}  // namespace sm90
+}  // namespace flash_cuda

@@ -1,0 +1,83 @@
+// Host side of the sm90 forward (kernels/sm90/fwd_sm90.cuh), shared by its launcher
+// (fwd_sm90_launch.cuh), flash_api.cpp and the CPU emulator: which calls the kernel covers, and
+// the tensor maps of q, k and v. Plain C++ on FwdParams; no torch.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/params.h"
+#include "kernels/sm90/tensor_map.h"
+
+namespace flash_cuda {
+namespace sm90 {
+
+// Head dims with an sm90 forward kernel.
+constexpr bool fwd_head_dim_supported(int d) { return d == 64 || d == 128; }
+
+// Whether the sm90 forward kernel handles the call: head dim 64 or 128 exactly (the TMA boxes are
+// 64 columns wide), no dropout, no KV-cache features (paged, cache_batch_idx, leftpad, seqused_k),
+// no split-KV or GQA packing, more query rows than a decode step (seqlen_q > 64: shorter calls
+// stay on the sm80 decode tile), at least one key row in k / v (a tensor map needs extents >= 1),
+// grid limits. Pointers and strides 16-byte aligned: the caller's (flash_api.cpp pads / copies
+// to that).
+inline bool fwd_supports(const FwdParams& p) {
+    const bool has_keys = p.cu_seqlens_q != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
+    return fwd_head_dim_supported(p.d) && p.d == p.d_rounded && p.p_keep >= 1.f && has_keys &&
+           p.block_table == nullptr && p.cache_batch_idx == nullptr && p.leftpad_k == nullptr &&
+           p.seqused_k == nullptr && p.num_splits <= 1 && p.gqa_pack <= 1 && p.knew_ptr == nullptr &&
+           p.seqlen_q > 64 && p.b <= 65535 && p.h <= 65535 && p.is_seqlens_k_cumulative;
+}
+
+struct FwdTensorMaps {
+    CUtensorMap q, k, v;
+};
+
+// Rank-4 maps (column, row, head, batch) with boxes of 64 columns x box_rows rows: fixed length
+// rows = seqlen per batch entry (the TMA zero-fills past a sequence's end); varlen rows = the
+// packed total and a batch extent of 1 (row coordinate = the sequence's start + the row).
+// Returns 0, or the first nonzero CUresult of the encoding.
+inline int make_fwd_tensor_maps(const FwdParams& p, uint32_t q_box_rows, uint32_t kv_box_rows,
+                                FwdTensorMaps* maps) {
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    auto map = [&](CUtensorMap* out, const void* base, int64_t rows, int heads,
+                   int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                   uint32_t box_rows) {
+        TensorMapDesc m;
+        m.base = base;
+        m.rank = 4;
+        m.dims[0] = static_cast<uint64_t>(p.d);
+        m.dims[1] = static_cast<uint64_t>(rows);
+        m.dims[2] = static_cast<uint64_t>(heads);
+        m.dims[3] = varlen ? 1 : static_cast<uint64_t>(p.b);
+        const int64_t strides[4] = {1, row_stride, head_stride, batch_stride};
+        for (int i = 1; i < 4; ++i) {
+            // A dimension of extent 1 may have any stride in torch (and varlen has no batch
+            // stride); the TMA wants multiples of 16 bytes: use the dense one there.
+            m.strides_bytes[i] = m.dims[i] == 1
+                                     ? (m.dims[i - 1] * (i == 1 ? 2 : m.strides_bytes[i - 1]) + 15) / 16 * 16
+                                     : static_cast<uint64_t>(strides[i]) * 2;
+        }
+        m.box[0] = 64;
+        m.box[1] = box_rows;
+        m.box[2] = 1;
+        m.box[3] = 1;
+        m.swizzle_bytes = 128;
+        return encode_tensor_map(out, m);
+    };
+    int r = map(&maps->q, p.q_ptr, varlen ? p.total_q : p.seqlen_q, p.h, p.q_row_stride,
+                p.q_head_stride, p.q_batch_stride, q_box_rows);
+    if (r == 0) {
+        r = map(&maps->k, p.k_ptr, varlen ? p.total_k : p.seqlen_k, p.h_k, p.k_row_stride,
+                p.k_head_stride, p.k_batch_stride, kv_box_rows);
+    }
+    if (r == 0) {
+        r = map(&maps->v, p.v_ptr, varlen ? p.total_k : p.seqlen_k, p.h_k, p.v_row_stride,
+                p.v_head_stride, p.v_batch_stride, kv_box_rows);
+    }
+    return r;
+}
+
+}  // namespace sm90
+}  // namespace flash_cuda

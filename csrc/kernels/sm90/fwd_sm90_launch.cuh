@@ -1,0 +1,76 @@
+// Host launcher of the sm90 forward kernel (kernels/sm90/fwd_sm90.cuh; declared in
+// kernels/launch.h). Included by the generated csrc/instantiations/fwd_hdim*_sm90.cu files, one
+// (Element, HeadDim, Causal) each, compiled for sm_90a only. Softcap and ALiBi become template
+// parameters here, as in the sm80 launcher; the rest is read from the params at run time.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/launch.h"
+#include "kernels/params.h"
+#include "kernels/sm90/fwd_sm90.cuh"
+#include "kernels/sm90/fwd_sm90_host.h"
+
+namespace flash_cuda {
+
+namespace sm90 {
+
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
+void launch_fwd_sm90_kernel(const FwdParams& params, const FwdTensorMaps& maps,
+                            cudaStream_t stream) {
+    auto kernel = &mha_fwd_sm90_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap>;
+    reserve_dynamic_smem(kernel, Traits::kSmemBytes, "sm90 forward kernel");
+    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.b, params.h);
+    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, maps.q, maps.k,
+                                                                     maps.v);
+    FLASH_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace sm90
+
+namespace sm90 {
+
+template <typename Element, typename Traits, bool Causal>
+void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
+    FwdTensorMaps maps;
+    const int r = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps);
+    if (r != 0) {
+        throw std::runtime_error("flash_cuda: cuTensorMapEncodeTiled failed for the sm90 forward "
+                                 "(CUresult " + std::to_string(r) + ")");
+    }
+    // Same variant choice as the sm80 launcher: the ALiBi path (natural-log scores, slope 0
+    // without slopes) also takes a non-positive softmax scale.
+    const bool has_softcap = params.softcap > 0.f;
+    const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
+                           (!has_softcap && !(params.scale_softmax > 0.f));
+    if (has_softcap && has_alibi) {
+        launch_fwd_sm90_kernel<Element, Traits, Causal, true, true>(params, maps, stream);
+    } else if (has_softcap) {
+        launch_fwd_sm90_kernel<Element, Traits, Causal, false, true>(params, maps, stream);
+    } else if (has_alibi) {
+        launch_fwd_sm90_kernel<Element, Traits, Causal, true, false>(params, maps, stream);
+    } else {
+        launch_fwd_sm90_kernel<Element, Traits, Causal, false, false>(params, maps, stream);
+    }
+}
+
+}  // namespace sm90
+
+template <typename Element, int HeadDim, bool Causal>
+void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
+    if (params.seqlen_q <= 0 || params.b <= 0 || params.h <= 0) return;
+    if (params.d != HeadDim || !sm90::fwd_supports(params)) {
+        throw std::runtime_error("flash_cuda: the sm90 forward kernel does not cover this call");
+    }
+    using Config = sm90::FwdSm90Config<HeadDim>;
+    if (params.sm90_plain) {
+        sm90::launch_fwd_sm90<Element, typename Config::PlainTraits, Causal>(params, stream);
+    } else {
+        sm90::launch_fwd_sm90<Element, typename Config::Traits, Causal>(params, stream);
+    }
+}
+
+}  // namespace flash_cuda
