@@ -61,9 +61,10 @@ from bench_plan import (DECODE_GRID_MAX_GB, build_plan, estimate_seconds, kv_byt
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
                  "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
-# flash_cuda_sm90: flash_cuda with FLASH_CUDA_SM90=1 (the sm90 forward where it covers the call;
-# the backward is the same as flash_cuda's).
-FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", "flash_cuda_sm90")
+# flash_cuda_sm90 / flash_cuda_sm90plain: flash_cuda with FLASH_CUDA_SM90=1 / =plain (the sm90
+# forward where it covers the call; the backward is the same as flash_cuda's).
+SM90_MODES = {"flash_cuda_sm90": "1", "flash_cuda_sm90plain": "plain"}
+FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", *SM90_MODES)
 STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
                  "illegal instruction", "device-side assert", "launch timed out",
                  "uncorrectable ECC", "CUDA error: unknown error", "context is destroyed")
@@ -227,8 +228,8 @@ class Bench:
         if impl in SDPA_BACKENDS:
             from torch.nn.attention import SDPBackend, sdpa_kernel
             return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[impl])])
-        if impl == "flash_cuda_sm90":
-            return env_set("FLASH_CUDA_SM90", "1")
+        if impl in SM90_MODES:
+            return env_set("FLASH_CUDA_SM90", SM90_MODES[impl])
         return contextlib.nullcontext()
 
     def flush_l2(self):
@@ -624,13 +625,13 @@ class Bench:
         if "flash_cuda" in impls:
             timed("flash_cuda", flash())
         for impl in impls:
-            if impl.startswith("flash_cuda_p"):
+            if impl.startswith("flash_cuda_p") and impl[len("flash_cuda_p"):].isdigit():
                 page = int(impl[len("flash_cuda_p"):])
                 paged = self.paged_cache(kc, vc, page)
                 timed(impl, flash(*paged) if isinstance(paged, tuple) else self.raiser(paged))
                 del paged
         for impl in impls:  # --decode-splits: explicit num_splits (0: the heuristic)
-            if impl.startswith("flash_cuda_s"):
+            if impl.startswith("flash_cuda_s") and impl[len("flash_cuda_s"):].isdigit():
                 timed(impl, flash(num_splits=int(impl[len("flash_cuda_s"):])))
         # SDPA's layout (b, h, s, d); the flash layout caches are freed first.
         peers = [i for i in impls if i in SDPA_BACKENDS]

@@ -6,8 +6,8 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
   section  grid | gqa | decode | decode_grid | memory
   case_id  the cell, e.g. "d128 s4096 b4 h16/16 causal"; `case` holds its numbers
   mode     fwd | fwdbwd | decode
-  impl     flash_cuda | flash_cuda_det | flash_cuda_sm90 | flash_cuda_p<page> | flash_cuda_s<num_splits> | cudnn |
-           fa2 | efficient | math
+  impl     flash_cuda | flash_cuda_det | flash_cuda_sm90 | flash_cuda_sm90plain |
+           flash_cuda_p<page> | flash_cuda_s<num_splits> | cudnn | fa2 | efficient | math
   status   ok | error | oom | skip | unavailable   (`note` says why)
   figures  ms, tflops (prefill), tbps / tbps_graph (decode), extra_bytes (memory), check
 """
@@ -21,22 +21,25 @@ LABELS = {
     "flash_cuda": "flash_cuda",
     "flash_cuda_det": "flash_cuda det",
     "flash_cuda_sm90": "flash_cuda sm90",
+    "flash_cuda_sm90plain": "flash_cuda sm90 plain",
     "cudnn": "cuDNN",
     "fa2": "FA2",
     "efficient": "xformers",
     "math": "standard",
 }
-IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "flash_cuda_sm90", "cudnn", "fa2", "efficient",
-              "math"]
+IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "flash_cuda_sm90", "flash_cuda_sm90plain", "cudnn",
+              "fa2", "efficient", "math"]
 STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 
 
 def label(impl: str) -> str:
+    if impl in LABELS:
+        return LABELS[impl]
     if impl.startswith("flash_cuda_p"):
         return f"flash_cuda paged {impl[len('flash_cuda_p'):]}"
     if impl.startswith("flash_cuda_s"):
         return f"flash_cuda splits {impl[len('flash_cuda_s'):]}"
-    return LABELS.get(impl, impl)
+    return impl
 
 
 def impl_rank(impl: str) -> tuple:
@@ -119,7 +122,8 @@ def prefill_label(case: dict) -> list[str]:
 
 
 # Our implementations with ratio columns against the peers in the prefill tables.
-RATIO_IMPLS = (("flash_cuda", "fc"), ("flash_cuda_sm90", "sm90"))
+RATIO_IMPLS = (("flash_cuda", "fc"), ("flash_cuda_sm90", "sm90"), ("flash_cuda_sm90plain", "plain"))
+COMPACT_IMPLS = ("flash_cuda", "flash_cuda_sm90", "flash_cuda_sm90plain", "cudnn", "fa2")
 
 
 def render_prefill(t: Table, section: str, compact: bool) -> list[str]:
@@ -133,7 +137,7 @@ def render_prefill(t: Table, section: str, compact: bool) -> list[str]:
     for m in modes:
         impls = t.impls(section, m)
         if compact:
-            impls = [i for i in impls if i in ("flash_cuda", "flash_cuda_sm90", "cudnn", "fa2")]
+            impls = [i for i in impls if i in COMPACT_IMPLS]
         shown[m] = impls
         header += [f"{name[m]}: {label(i)}" for i in impls]
         for ours, short in RATIO_IMPLS:

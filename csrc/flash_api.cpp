@@ -187,6 +187,12 @@ void run_fwd_kernel(FwdParams& params, [[maybe_unused]] const at::Tensor& q, cud
                        : run_mha_fwd_sm90<Element, 128, false>(params, stream);
                 return;
 #endif
+#ifdef FLASH_CUDA_HAS_HDIM_256
+            case 256:
+                causal ? run_mha_fwd_sm90<Element, 256, true>(params, stream)
+                       : run_mha_fwd_sm90<Element, 256, false>(params, stream);
+                return;
+#endif
             default:
                 break;
         }

@@ -8,6 +8,8 @@
 # Environment (all optional):
 #   FLASH_CUDA_HEADDIMS  kernel head dims to build ("64,128"; default all)   FLASH_CUDA_ARCHS (90a)
 #   SKIP_BUILD=1  SKIP_TESTS=1  SKIP_BENCH=1     leave a step out
+#   FIRST_TESTS   a pytest selection run before the others with its own short timeout
+#                 (FIRST_TIMEOUT, 150 s), e.g. new kernels' tests: a hang there costs little
 #   GPU_TESTS     pytest selection, e.g. "tests/test_fwd_gpu.py -k hdim128" (default: tests)
 #   PYTEST_MAXFAIL (1)  stop after this many failing tests
 #   PYTEST_TIMEOUT (420)  BUILD_TIMEOUT (480)  BENCH_TIMEOUT (540)   seconds per step
@@ -66,6 +68,23 @@ if want "${SKIP_BUILD:-0}" build "${BUILD_TIMEOUT:-480}"; then
         errors=$(grep -m 12 -E 'error:|error |FAILED:' "$OUT/build.log")
         SUMMARY+=("${errors:-$(tail -5 "$OUT/build.log")}")
     fi
+    echo "${SUMMARY[-1]}"
+fi
+
+# (b0) the FIRST_TESTS selection (marked gpu), short timeout
+if [ -n "${FIRST_TESTS:-}" ] && want "${SKIP_TESTS:-0}" first-tests "${FIRST_TIMEOUT:-150}"; then
+    eval "first=(${FIRST_TESTS})"
+    echo "== first tests: ${first[*]} (timeout ${t}s)"
+    timeout "$t" python3 -m pytest "${first[@]}" -m gpu -q -p no:cacheprovider \
+        -o faulthandler_timeout=60 > "$OUT/first_tests.log" 2>&1
+    rc=$?
+    line=$(grep -E 'passed|failed|error|skipped|deselected|no tests ran' "$OUT/first_tests.log" | tail -1)
+    case $rc in
+        0) SUMMARY+=("first tests: ok: $line") ;;
+        124) status=1; SUMMARY+=("first tests: TIMEOUT after ${t}s (a hang?): $line") ;;
+        *) status=1; SUMMARY+=("first tests: FAILED (rc $rc): $line")
+           SUMMARY+=("$(grep -m 8 -E '^(FAILED|ERROR)|^E ' "$OUT/first_tests.log")") ;;
+    esac
     echo "${SUMMARY[-1]}"
 fi
 

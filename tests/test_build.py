@@ -146,10 +146,13 @@ def test_this_machines_compiler_links_libstdcxx_dynamically():
     assert not build_config.links_libstdcxx_statically(build_config.cxx_compiler())
 
 
-@pytest.mark.parametrize("name", ("fwd_hdim128_bf16_sm90.cu", "fwd_hdim64_fp16_causal_sm90.cu"))
-def test_sm90_kernels_compile_unserialized(name, tmp_path):
+# (file, most spill bytes allowed): d256's ALiBi variants with overlap spill 4-8 bytes.
+@pytest.mark.parametrize("name,max_spill", (("fwd_hdim128_bf16_sm90.cu", 0),
+                                            ("fwd_hdim64_fp16_causal_sm90.cu", 0),
+                                            ("fwd_hdim256_bf16_sm90.cu", 16)))
+def test_sm90_kernels_compile_unserialized(name, max_spill, tmp_path):
     """The sm90 forward compiles for sm_90a with wgmma pipelined (no ptxas C7514-style "wgmma ...
-    serialized" report, a silent large slowdown) and without spills."""
+    serialized" report, a silent large slowdown) and without spills (d256: a few bytes)."""
     import os
     import shutil
 
@@ -167,4 +170,5 @@ def test_sm90_kernels_compile_unserialized(name, tmp_path):
     assert "mha_fwd_sm90_kernel" in report, "no sm90 kernel in the ptxas report"
     assert "serialized" not in report, [l for l in report.splitlines() if "serialized" in l][:3]
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    assert spills and all(s == ("0", "0") for s in spills), spills
+    assert spills and all(int(st) <= max_spill and int(ld) <= 2 * max_spill
+                          for st, ld in spills), spills

@@ -99,10 +99,10 @@ def test_varlen_emulated(d, feature):
 
 # ---- The sm90 forward (csrc/kernels/sm90/fwd_sm90.cuh: TMA, mbarrier pipeline, wgmma) on the
 # emulator's Hopper instructions (tests/emulation/kernels/sm90). Every case is one the kernel
-# covers (head dim 64 / 128, seqlen_q > 64, no dropout or KV cache), and each asserts it ran.
+# covers (head dim 64 / 128 / 256, seqlen_q > 64, no dropout or KV cache), and each asserts it ran.
 # Both variants (overlap inside the warpgroup, the default; "plain") on the grid and the
 # pipeline cases, the default on the rest.
-SM90_GRID = [c for c in sampled_cases() if c[1] in (64, 128) and c[2] == (113, 203)]
+SM90_GRID = [c for c in sampled_cases() if c[1] in (64, 128, 256) and c[2] == (113, 203)]
 SM90_VARIANTS = pytest.mark.parametrize("variant", (True, "plain"), ids=("overlap", "plain"))
 
 
@@ -122,7 +122,7 @@ def test_fwd_grid_emulated_sm90(case, variant):
 
 
 @SM90_VARIANTS
-@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("d", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True))
 def test_pipeline_wraps_emulated_sm90(d, causal, variant):
     """Five key blocks through two buffers: the full/empty barriers go through several phases."""
@@ -148,7 +148,7 @@ def test_non_contiguous_emulated_sm90(layout):
     assert_close_to_oracle(out, lse, q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("d", (64, 128, 256))
 @pytest.mark.parametrize("feature", FEATURES)
 def test_varlen_emulated_sm90(d, feature):
     """Packed sequences (one of 1 query row, one of 0 keys): the TMA boxes of a sequence read

@@ -1,5 +1,5 @@
 """The sm90 forward (csrc/kernels/sm90/fwd_sm90.cuh: TMA, mbarrier pipeline, wgmma) on an sm_90 GPU:
-the forward GPU tests of test_fwd_gpu.py that it covers (head dims 64 and 128, more than 64 query
+the forward GPU tests of test_fwd_gpu.py that it covers (head dims 64, 128, 256, more than 64 query
 rows, no dropout or KV cache), run with FLASH_CUDA_SM90=1, same oracle and rules. Every test
 also checks with the profiler that the sm90 kernel ran (a silent fallback to the sm80 kernels
 would otherwise pass)."""
@@ -34,7 +34,8 @@ def sm90_forward(monkeypatch):
         "the sm90 forward kernel did not run (was the extension built with FLASH_CUDA_ARCHS=90a?)"
 
 
-GRID = [c for c in base.sampled_cases() if c[1] in (64, 128) and c[2][0] > 64]
+HEAD_DIMS = (64, 128, 256)
+GRID = [c for c in base.sampled_cases() if c[1] in HEAD_DIMS and c[2][0] > 64]
 DTYPE_IDS = {"ids": lambda t: str(t)[6:]}
 
 
@@ -44,20 +45,20 @@ def test_fwd_grid_sm90(case):
 
 
 @pytest.mark.parametrize("dtype", base.DTYPES, **DTYPE_IDS)
-@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_deterministic_sm90(dtype, d):
     base.test_deterministic(dtype, d)
 
 
 @pytest.mark.parametrize("dtype", base.DTYPES, **DTYPE_IDS)
 @pytest.mark.parametrize("causal", (False, True))
-@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_large_magnitude_sm90(dtype, causal, d):
     base.test_large_magnitude(dtype, causal, d)
 
 
 @pytest.mark.parametrize("layout", ("packed_qkv", "transposed", "misaligned"))
-@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_non_contiguous_sm90(layout, d):
     base.test_non_contiguous(layout, d)
 
@@ -68,14 +69,14 @@ def test_no_visible_key_rows_sm90(dtype):
 
 
 @pytest.mark.parametrize("dtype", base.DTYPES, **DTYPE_IDS)
-@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("feature", base.FEATURES)
 def test_varlen_sm90(dtype, d, feature):
     base.test_varlen(dtype, d, feature)
 
 
 @pytest.mark.parametrize("sk", ((1 << 14) + 4099,))
-@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_many_key_blocks_sm90(sk, d):
     """Hundreds of key blocks through the two K / V buffers (every barrier through many phases),
     causal, against the oracle."""

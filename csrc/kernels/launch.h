@@ -47,7 +47,7 @@ inline void reserve_dynamic_smem(Kernel kernel, int bytes, const char* what) {
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream);
 
-// Hopper forward (TMA, wgmma; kernels/sm90/fwd_sm90.cuh), head dims 64 and 128, for the calls
+// Hopper forward (TMA, wgmma; kernels/sm90/fwd_sm90.cuh), head dims 64, 128 and 256, for the calls
 // sm90::fwd_supports (kernels/sm90/fwd_sm90_host.h) accepts. Compiled with a body only for sm_90a:
 // call it only when the build has sm_90a (FLASH_CUDA_HAS_SM90) and the device is sm_90.
 template <typename Element, int HeadDim, bool Causal>

@@ -24,7 +24,7 @@
 #include "kernels/decode.h"
 #include "kernels/sm80/fwd.cuh"
 #include "kernels/sm90/fwd_sm90_host.h"
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
 #include "kernels/sm90/fwd_sm90.cuh"
 #endif
 #include "host_io.h"
@@ -90,7 +90,7 @@ void run_traits(FwdParams& params) {
     else go(&mha_fwd_sm80_kernel<Element, Traits, Causal, false, false>);
 }
 
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
 // One sm90 forward tile on the emulator (the launcher's variant choice).
 template <typename Element, bool Causal, typename Traits>
 bool run_sm90_traits(FwdParams& params) {
@@ -123,7 +123,7 @@ bool run_sm90_traits(FwdParams& params) {
 // did not run.
 template <typename Element, bool Causal>
 bool run_sm90(FwdParams& params) {
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
     namespace s90 = flash_cuda::sm90;
     const char* want = std::getenv("EMU_SM90");
     const std::string mode = want == nullptr ? "0" : want;

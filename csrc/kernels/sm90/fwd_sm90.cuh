@@ -1,4 +1,5 @@
-// Forward on Hopper (sm_90a): TMA loads and wgmma, warp-specialised (../shared/DESIGN.md section 6).
+// Forward on Hopper (sm_90a): TMA loads and wgmma, warp-specialised (../shared/DESIGN.md
+// section 6).
 // First version: no overlap of softmax and GEMMs inside a warpgroup, no pingpong, no TMA store.
 //
 // One CTA = kBlockM = 128 query rows of one (batch, head), 3 warpgroups (384 threads):
@@ -28,7 +29,8 @@
 //     tile's row: rows past the sequence's end belong to the next sequence (keys masked; query
 //     rows never stored).
 // Not here (the launcher keeps these on the sm80 kernels): dropout, KV caches (paged,
-// cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other than 64 / 128.
+// cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other than 64 / 128 /
+// 256.
 // Grid (ceil(max seqlen_q / kBlockM), b, h).
 #pragma once
 
@@ -84,17 +86,21 @@ struct FwdSm90Traits {
         static constexpr int kNTiles = BlockN / 8;
     };
 
-    static_assert(HeadDim == 64 || HeadDim == 128, "sm90 forward: head dims 64 and 128");
+    static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256,
+                  "sm90 forward: head dims 64, 128 and 256");
     static_assert(BlockN % 16 == 0 && BlockN <= 256, "wgmma N: a multiple of 16, at most 256");
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
 };
 
 // Traits: the default tile (overlap inside the warpgroup); PlainTraits: one block at a time
-// (FLASH_CUDA_SM90=plain, for A/B runs).
+// (FLASH_CUDA_SM90=plain, for A/B runs). Key blocks of 128, at d256 of 80 (FlashAttention-3's
+// d256 tile): Q 64 KB + 2 stages of K and V 160 KB = 225 KB of shared memory, and O takes 128
+// of a consumer thread's 240 registers.
 template <int HeadDim>
 struct FwdSm90Config {
-    using Traits = FwdSm90Traits<HeadDim, 128, 2, true>;
-    using PlainTraits = FwdSm90Traits<HeadDim, 128, 2, false>;
+    static constexpr int kBlockN = HeadDim <= 128 ? 128 : 80;
+    using Traits = FwdSm90Traits<HeadDim, kBlockN, 2, true>;
+    using PlainTraits = FwdSm90Traits<HeadDim, kBlockN, 2, false>;
 };
 
 // Shared-memory addresses of the CTA's tiles and barriers.
@@ -230,17 +236,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const uint32_t phase = (it / kStages) & 1;
             const int key0 = rows.k_row + (n_block_max - 1 - it) * kBlockN;
             // The consumers released this buffer's previous block (first round: passes at once).
+            const uint32_t stage_offset = stage * Traits::kKVTileBytes;
             wait_phase(smem.empty_k(stage), phase ^ 1);
             ptx90::mbarrier_arrive_expect_tx(smem.full_k(stage), Traits::kKVTileBytes);
             for (int slab = 0; slab < kSlabs; ++slab) {
-                ptx90::tma_load_4d(smem.k + stage * Traits::kKVTileBytes + slab * Traits::kKVSlabBytes,
-                                   &k_map, 64 * slab, key0, kv_head, rows.batch, smem.full_k(stage));
+                ptx90::tma_load_4d(smem.k + stage_offset + slab * Traits::kKVSlabBytes, &k_map,
+                                   64 * slab, key0, kv_head, rows.batch, smem.full_k(stage));
             }
             wait_phase(smem.empty_v(stage), phase ^ 1);
             ptx90::mbarrier_arrive_expect_tx(smem.full_v(stage), Traits::kKVTileBytes);
             for (int slab = 0; slab < kSlabs; ++slab) {
-                ptx90::tma_load_4d(smem.v + stage * Traits::kKVTileBytes + slab * Traits::kKVSlabBytes,
-                                   &v_map, 64 * slab, key0, kv_head, rows.batch, smem.full_v(stage));
+                ptx90::tma_load_4d(smem.v + stage_offset + slab * Traits::kKVSlabBytes, &v_map,
+                                   64 * slab, key0, kv_head, rows.batch, smem.full_v(stage));
             }
         }
         return;

@@ -14,20 +14,21 @@ namespace flash_cuda {
 namespace sm90 {
 
 // Head dims with an sm90 forward kernel.
-constexpr bool fwd_head_dim_supported(int d) { return d == 64 || d == 128; }
+constexpr bool fwd_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
 
-// Whether the sm90 forward kernel handles the call: head dim 64 or 128 exactly (the TMA boxes are
-// 64 columns wide), no dropout, no KV-cache features (paged, cache_batch_idx, leftpad, seqused_k),
-// no split-KV or GQA packing, more query rows than a decode step (seqlen_q > 64: shorter calls
+// Whether the sm90 forward kernel handles the call: head dim 64, 128 or 256 exactly (the TMA boxes
+// are 64 columns wide), no dropout, no KV-cache features (paged, cache_batch_idx, leftpad,
+// seqused_k, appended keys), no split-KV or GQA packing, more query rows than a decode step (seqlen_q > 64: shorter calls
 // stay on the sm80 decode tile), at least one key row in k / v (a tensor map needs extents >= 1),
 // grid limits. Pointers and strides 16-byte aligned: the caller's (flash_api.cpp pads / copies
 // to that).
 inline bool fwd_supports(const FwdParams& p) {
     const bool has_keys = p.cu_seqlens_q != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
+    const bool kv_cache = p.block_table != nullptr || p.cache_batch_idx != nullptr ||
+                          p.leftpad_k != nullptr || p.seqused_k != nullptr || p.knew_ptr != nullptr;
     return fwd_head_dim_supported(p.d) && p.d == p.d_rounded && p.p_keep >= 1.f && has_keys &&
-           p.block_table == nullptr && p.cache_batch_idx == nullptr && p.leftpad_k == nullptr &&
-           p.seqused_k == nullptr && p.num_splits <= 1 && p.gqa_pack <= 1 && p.knew_ptr == nullptr &&
-           p.seqlen_q > 64 && p.b <= 65535 && p.h <= 65535 && p.is_seqlens_k_cumulative;
+           !kv_cache && p.num_splits <= 1 && p.gqa_pack <= 1 && p.seqlen_q > 64 &&
+           p.b <= 65535 && p.h <= 65535 && p.is_seqlens_k_cumulative;
 }
 
 struct FwdTensorMaps {
@@ -55,9 +56,9 @@ inline int make_fwd_tensor_maps(const FwdParams& p, uint32_t q_box_rows, uint32_
         for (int i = 1; i < 4; ++i) {
             // A dimension of extent 1 may have any stride in torch (and varlen has no batch
             // stride); the TMA wants multiples of 16 bytes: use the dense one there.
-            m.strides_bytes[i] = m.dims[i] == 1
-                                     ? (m.dims[i - 1] * (i == 1 ? 2 : m.strides_bytes[i - 1]) + 15) / 16 * 16
-                                     : static_cast<uint64_t>(strides[i]) * 2;
+            const uint64_t dense = m.dims[i - 1] * (i == 1 ? 2 : m.strides_bytes[i - 1]);
+            m.strides_bytes[i] =
+                m.dims[i] == 1 ? (dense + 15) / 16 * 16 : static_cast<uint64_t>(strides[i]) * 2;
         }
         m.box[0] = 64;
         m.box[1] = box_rows;

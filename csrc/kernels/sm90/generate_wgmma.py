@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pathlib
 
-NS = (64, 128, 256)
+NS = (64, 80, 128, 256)  # 80: the d256 tile's key block
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 HEADER = """\
