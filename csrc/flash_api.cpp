@@ -160,8 +160,9 @@ int sm90_fwd_mode() {
 // Compute capability 9.0 (H100 / H200): the sm_90a kernels run there only.
 bool device_is_sm90(const at::Tensor& t) {
     int major = 0, minor = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device()));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device()));
+    const int device = t.get_device();
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     return major == 9 && minor == 0;
 }
 

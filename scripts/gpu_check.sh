@@ -78,7 +78,8 @@ if [ -n "${FIRST_TESTS:-}" ] && want "${SKIP_TESTS:-0}" first-tests "${FIRST_TIM
     timeout "$t" python3 -m pytest "${first[@]}" -m gpu -q -p no:cacheprovider \
         -o faulthandler_timeout=60 > "$OUT/first_tests.log" 2>&1
     rc=$?
-    line=$(grep -E 'passed|failed|error|skipped|deselected|no tests ran' "$OUT/first_tests.log" | tail -1)
+    line=$(grep -E 'passed|failed|error|skipped|deselected|no tests ran' "$OUT/first_tests.log" |
+        tail -1)
     case $rc in
         0) SUMMARY+=("first tests: ok: $line") ;;
         124) status=1; SUMMARY+=("first tests: TIMEOUT after ${t}s (a hang?): $line") ;;

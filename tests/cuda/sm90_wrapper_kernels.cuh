@@ -96,7 +96,9 @@ __global__ void tma_kernel(const __grid_constant__ CUtensorMap map, int row0, ui
 }
 
 // Accumulator register i of warpgroup thread t: (row, column) of D (ptx_sm90.cuh header).
-__host__ __device__ inline int acc_row(int t, int i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
+__host__ __device__ inline int acc_row(int t, int i) {
+    return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2);
+}
 __host__ __device__ inline int acc_col(int t, int i) { return 8 * (i / 4) + 2 * (t % 4) + (i % 2); }
 
 // ---- 3. wgmma SS: D (64 x N) = A (64 x 64) B^T, A = rows 0..63 of the input A, B^T (N x 64,
@@ -163,7 +165,8 @@ __global__ void wgmma_rs_kernel(const __nv_bfloat16* p, const __nv_bfloat16* v_s
     const int t = threadIdx.x;
     for (int i = t; i < kTile * N; i += kThreads) {
         const int key = i / N, col = i % N;
-        const __nv_bfloat16* src = N == kTile ? &v_src[key * kTile + col] : &v_src[col * kTile + key];
+        const __nv_bfloat16* src =
+            N == kTile ? &v_src[key * kTile + col] : &v_src[col * kTile + key];
         std::memcpy(sv + (col / kTile) * kTileBytes + sw128_offset(key, col % kTile), src, 2);
     }
     ptx90::fence_proxy_async_shared();

@@ -27,7 +27,8 @@ def kernel_head_dim(d: int) -> int:
 
 
 def sources() -> list[pathlib.Path]:
-    return sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h")) + sorted(HERE.glob("kernels/**/*")) + \
+    return sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h")) + \
+        sorted(HERE.glob("kernels/**/*")) + \
         sorted((ROOT / "csrc" / "kernels").rglob("*.cuh")) + sorted((ROOT / "csrc" / "kernels").rglob("*.h"))
 
 
@@ -46,7 +47,8 @@ def emulator_binary(head_dim: int, program: str = "fwd_emulated", defines=()) ->
     if exe.exists() and exe.stat().st_mtime >= newest:
         return exe
     cmd = [
-        os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-pthread", "-Wno-psabi", f"-DEMU_HEAD_DIM={head_dim}",
+        os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-pthread", "-Wno-psabi",
+        f"-DEMU_HEAD_DIM={head_dim}",
         "-include", str(HERE / "prelude.h"), f"-I{HERE}", f"-I{ROOT / 'csrc'}", f"-I{CUDA_INCLUDE}",
         *(f"-D{d}" for d in defines), str(HERE / f"{program}.cpp"), "-o", str(exe) + ".tmp",
     ]

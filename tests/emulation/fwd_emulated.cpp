@@ -129,7 +129,9 @@ bool run_sm90(FwdParams& params) {
     const std::string mode = want == nullptr ? "0" : want;
     if ((mode != "1" && mode != "plain") || !s90::fwd_supports(params)) return false;
     using Config = s90::FwdSm90Config<EMU_HEAD_DIM>;
-    if (mode == "plain") return run_sm90_traits<Element, Causal, typename Config::PlainTraits>(params);
+    if (mode == "plain") {
+        return run_sm90_traits<Element, Causal, typename Config::PlainTraits>(params);
+    }
     return run_sm90_traits<Element, Causal, typename Config::Traits>(params);
 #else
     (void)params;

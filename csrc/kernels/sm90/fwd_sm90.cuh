@@ -235,8 +235,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int stage = it % kStages;
             const uint32_t phase = (it / kStages) & 1;
             const int key0 = rows.k_row + (n_block_max - 1 - it) * kBlockN;
-            // The consumers released this buffer's previous block (first round: passes at once).
             const uint32_t stage_offset = stage * Traits::kKVTileBytes;
+            // The consumers released this buffer's previous block (first round: passes at once).
             wait_phase(smem.empty_k(stage), phase ^ 1);
             ptx90::mbarrier_arrive_expect_tx(smem.full_k(stage), Traits::kKVTileBytes);
             for (int slab = 0; slab < kSlabs; ++slab) {

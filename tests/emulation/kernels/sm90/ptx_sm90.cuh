@@ -135,7 +135,8 @@ inline void wgmma_impl(float (&d)[N / 2], const uint64_t* desc_a, const uint32_t
         acc_coord(t, i, row, col);
         float sum = accumulate ? d[i] : 0.f;
         for (int k = 0; k < 16; ++k) {
-            const float av = a != nullptr ? a_reg(row, k) : operand<Element>(*desc_a, row, k, false);
+            const float av =
+                a != nullptr ? a_reg(row, k) : operand<Element>(*desc_a, row, k, false);
             const float bv = operand<Element>(desc_b, col, k, trans_b);
             sum += av * bv;
         }
@@ -228,7 +229,8 @@ inline void tma_load(uint32_t smem_dst, const void* tensor_map, const int (&c)[4
     std::vector<unsigned char> image(bytes, 0);
     for (uint32_t r = 0; r < rows; ++r) {
         // Box row r: coordinates (c1 + i1, c2 + i2, c3 + i3), i1 fastest.
-        const long long i1 = r % m.box[1], i2 = (r / m.box[1]) % m.box[2], i3 = r / (m.box[1] * m.box[2]);
+        const long long i1 = r % m.box[1], i2 = (r / m.box[1]) % m.box[2];
+        const long long i3 = r / (m.box[1] * m.box[2]);
         const long long y[3] = {c[1] + i1, c[2] + i2, c[3] + i3};
         bool row_in = true;
         long long row_off = 0;
