@@ -13,6 +13,7 @@
 #include "kernels/decode.h"
 #include "kernels/launch.h"
 #include "kernels/philox.cuh"
+#include "kernels/sm90/bwd_sm90_host.h"
 #include "kernels/sm90/fwd_sm90_host.h"
 #include "reference/reference.h"
 
@@ -146,15 +147,16 @@ void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_FWD_CASE
 }
 
-// The sm90 forward (kernels/sm90/fwd_sm90.cuh: TMA, wgmma) is opt-in until it has run on the
-// H200: FLASH_CUDA_SM90=1 in the environment routes the calls it covers there, =plain to its
-// variant without overlap inside a warpgroup. Read per call (a getenv), so tests and benchmarks
-// can switch it inside one process. 0: off, 1: on, 2: plain.
+// The sm90 kernels (kernels/sm90: TMA, wgmma) are opt-in until they have run on the H200:
+// FLASH_CUDA_SM90=1 in the environment routes the forward and backward calls they cover there,
+// =fwd the forward only, =plain the forward only, on its variant without overlap inside a
+// warpgroup. Read per call (a getenv), so tests and benchmarks can switch inside one process.
+// 0: off, 1: forward and backward, 2: plain forward, 3: forward.
 int sm90_fwd_mode() {
     const char* env = std::getenv("FLASH_CUDA_SM90");
     if (env == nullptr) return 0;
     const std::string value(env);
-    return value == "1" ? 1 : value == "plain" ? 2 : 0;
+    return value == "1" ? 1 : value == "plain" ? 2 : value == "fwd" ? 3 : 0;
 }
 
 // Compute capability 9.0 (H100 / H200): the sm_90a kernels run there only.
@@ -384,6 +386,35 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_BWD_CASE
 }
 
+// The backward main kernel: the sm90 one where the build has it (sm_90a), the device is sm_90,
+// FLASH_CUDA_SM90=1 (sm90_fwd_mode: the forward's switch; "fwd" / "plain" leave the backward on
+// sm80) and it covers the call (sm90::bwd_supports); else the sm80 kernels.
+template <typename Element>
+void run_bwd_kernel(BwdParams& params, [[maybe_unused]] const at::Tensor& q, cudaStream_t stream) {
+#ifdef FLASH_CUDA_HAS_SM90
+    if (sm90_fwd_mode() == 1 && sm90::bwd_supports(params) && device_is_sm90(q)) {
+        const bool causal = params.is_causal;
+        switch (params.d) {
+#ifdef FLASH_CUDA_HAS_HDIM_64
+            case 64:
+                causal ? run_mha_bwd_sm90<Element, 64, true>(params, stream)
+                       : run_mha_bwd_sm90<Element, 64, false>(params, stream);
+                return;
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_128
+            case 128:
+                causal ? run_mha_bwd_sm90<Element, 128, true>(params, stream)
+                       : run_mha_bwd_sm90<Element, 128, false>(params, stream);
+                return;
+#endif
+            default:
+                break;
+        }
+    }
+#endif
+    run_bwd_sm80<Element>(params, params.d_rounded, stream);
+}
+
 // Deterministic backward: number of dq_accum slices (bwd.cuh). Enough CTAs to fill the GPU
 // about twice, at most one per 64 keys, and at most 512 MiB of slices.
 int bwd_dq_splits(const at::Tensor& q, int64_t batch_heads, int64_t seqlen_k,
@@ -477,7 +508,7 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     dispatch_dtype(q.scalar_type(), [&](auto element) {
-        run_bwd_sm80<decltype(element)>(params, params.d_rounded, stream);
+        run_bwd_kernel<decltype(element)>(params, q, stream);
     });
     return {unpad_head_dim(dq, dims.head_dim), unpad_head_dim(dk, dims.head_dim),
             unpad_head_dim(dv, dims.head_dim)};

@@ -53,6 +53,13 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream);
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream);
 
+// Hopper backward main kernel (TMA, wgmma; kernels/sm90/bwd_sm90.cuh) between the sm80
+// backward's preprocess and convert steps, head dims 64 and 128, for the calls
+// sm90::bwd_supports (kernels/sm90/bwd_sm90_host.h) accepts; workspaces as run_mha_bwd_sm80's.
+// Compiled with a body only for sm_90a (as run_mha_fwd_sm90).
+template <typename Element, int HeadDim, bool Causal>
+void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream);
+
 // Portable tensor-core backward (mma.sync, sm80+), fixed length or varlen, softcap / ALiBi,
 // deterministic dq; no dropout (kernels/sm80/bwd_launch.cuh lists the workspaces the caller
 // provides).

@@ -77,6 +77,13 @@ __device__ __forceinline__ uint4 ld_shared_16(uint32_t smem_addr) {
     return v;
 }
 
+// ld.shared.b32: one 4-byte shared-memory load.
+__device__ __forceinline__ uint32_t ld_shared_4(uint32_t smem_addr) {
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr) : "memory");
+    return v;
+}
+
 // st.shared.b32: one 4-byte shared-memory store.
 __device__ __forceinline__ void st_shared_4(uint32_t smem_addr, uint32_t value) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(value) : "memory");

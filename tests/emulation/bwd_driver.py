@@ -24,10 +24,14 @@ from driver import KERNEL_HEAD_DIMS, _write_storage, emulator_binary, normalize_
 BWD_HEAD_DIMS = KERNEL_HEAD_DIMS
 
 
+LAST_STDOUT = ""
+
+
 def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window=(-1, -1),
                      softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
                      max_seqlen_q=None, max_seqlen_k=None, deterministic=False, splits=1,
-                     dropout_p=0.0, rng_state=None, philox_on_device=False, timeout=1800):
+                     dropout_p=0.0, rng_state=None, philox_on_device=False, timeout=1800,
+                     sm90=False):
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
     if softmax_scale is None:
@@ -80,8 +84,13 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
         # dim has one, as FLASH_CUDA_BWD_TILE=n does in a tuning build.
         tile = int(os.environ.get("FLASH_CUDA_EMU_BWD_TILE", "0") or 0)
         defines = (f"FLASH_CUDA_EMU_BWD_TILE={tile}",) if tile and hd in (64, 128, 256) else ()
-        subprocess.run([str(emulator_binary(hd, "bwd_emulated", defines)), str(tmp)], check=True,
-                       timeout=timeout)
+        # sm90: the sm90 backward (kernels/sm90/bwd_sm90.cuh) where it covers the call
+        # (EMU_SM90=1); the emulator prints "sm90 backward" when it ran (LAST_STDOUT).
+        global LAST_STDOUT
+        run = subprocess.run([str(emulator_binary(hd, "bwd_emulated", defines)), str(tmp)],
+                             check=True, timeout=timeout, stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, EMU_SM90="1" if sm90 else "0"))
+        LAST_STDOUT = run.stdout
 
         def load(name, shape):
             raw = torch.from_file(str(tmp / f"{name}.bin"), size=(tmp / f"{name}.bin").stat().st_size // 2,

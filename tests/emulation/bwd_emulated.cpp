@@ -25,6 +25,10 @@ inline float atomicAdd(float* address, float value) {
 #include "kernels/sm80/bwd.cuh"
 #include "kernels/sm80/bwd_v2.cuh"
 #include "kernels/sm80/bwd_tune_configs.h"
+#include "kernels/sm90/bwd_sm90_host.h"
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
+#include "kernels/sm90/bwd_sm90.cuh"
+#endif
 #include "host_io.h"
 #include "dropout_params.h"
 
@@ -104,8 +108,51 @@ void run_tile(BwdParams& params) {
     }
 }
 
+// The sm90 backward (kernels/sm90/bwd_sm90.cuh) where it covers the call and the environment has
+// EMU_SM90=1 (as flash_api.cpp with FLASH_CUDA_SM90=1 on an sm_90 GPU), between the same
+// preprocess and convert kernels as the sm80 backward. False when it did not run.
+template <typename Element, bool Causal, bool HasAlibi>
+bool run_sm90(BwdParams& params) {
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
+    namespace s90 = flash_cuda::sm90;
+    using namespace flash_cuda::sm80;
+    const char* want = std::getenv("EMU_SM90");
+    if (want == nullptr || std::string(want) != "1" || !s90::bwd_supports(params)) return false;
+    using Traits = typename s90::BwdSm90Config<EMU_HEAD_DIM>::Traits;
+    s90::BwdTensorMaps maps;
+    if (s90::make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps) != 0) {
+        std::fprintf(stderr, "emulation error: tensor maps rejected\n");
+        std::exit(2);
+    }
+    std::printf("emulator: sm90 backward\n");
+    const bool varlen = params.cu_seqlens_q != nullptr;
+    const long long rows = varlen ? static_cast<long long>(params.h) * params.total_q
+                                  : static_cast<long long>(params.b) * params.h * params.seqlen_q;
+    launch(dim3(static_cast<unsigned>((rows * 32 + 255) / 256)), 256, 0,
+           &mha_bwd_preprocess_kernel<Element>, params);
+    const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b, params.h);
+    emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
+        blockDim = dim3(Traits::kNThreads, 1, 1);
+        s90::mha_bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>(params, maps.q, maps.k, maps.v,
+                                                                    maps.d_o);
+    });
+    launch(dim3(4, params.h), 256, 0, &mha_bwd_convert_dq_kernel<Element, EMU_HEAD_DIM>, params);
+    if (!params.dkv_direct) {
+        launch(dim3(4, params.h_k), 256, 0, &mha_bwd_convert_dkv_kernel<Element, EMU_HEAD_DIM>,
+               params);
+    }
+    return true;
+#else
+    (void)params;
+    return false;
+#endif
+}
+
 template <typename Element, bool Causal, bool HasAlibi, bool HasSoftcap>
 void run(BwdParams& params) {
+    if constexpr (!HasSoftcap) {
+        if (run_sm90<Element, Causal, HasAlibi>(params)) return;
+    }
     if (params.p_keep < 1.f) {
         run_tile<Element, Causal, HasAlibi, HasSoftcap, true>(params);
     } else {
@@ -201,6 +248,7 @@ int main(int argc, char** argv) {
         p.cu_seqlens_k = reinterpret_cast<int*>(cu_k.data);
         p.unpadded_lse = true;
     }
+    p.is_seqlens_k_cumulative = true;
     p.deterministic = geti("deterministic") != 0;
     p.num_splits = p.deterministic ? static_cast<int>(geti("splits")) : 1;
     // Dropout (dropout_params.h): the device-pointer path reads the forward's rng_state tensor.

@@ -1,6 +1,6 @@
 """Checks the sm80 backward kernels on the CPU emulator against the fp64 naive oracle.
 
-    /work/venv/bin/python tests/emulation/check_bwd.py [--quick] [--d=64|--d=128]
+    /work/venv/bin/python tests/emulation/check_bwd.py [--quick] [--d=64|--d=128] [--sm90]
     (d64 / d96 / d128 / d192 / d256 without dropout run bwd_v2.cuh, as the launcher does;
     the rest bwd.cuh; FLASH_CUDA_EMU_BWD_TILE=n: the v2 tuning variant n of bwd_tune_configs.h)
 
@@ -22,6 +22,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from bwd_driver import run_bwd_emulated  # noqa: E402
+
+# --sm90: the sm90 backward (kernels/sm90/bwd_sm90.cuh) where it covers a case.
+SM90 = "--sm90" in sys.argv
 from driver import normalize_mask  # noqa: E402
 from naive_attention import naive_attention  # noqa: E402
 
@@ -34,13 +37,16 @@ def grads(q, k, v, dout, **kw):
 
 
 def check(dtype, d, sq, sk, causal, window, h, hk, b=1, transpose=False, seed=0, softcap=0.0,
-          alibi=False, deterministic=False, splits=1, varlen_lens=None):
+          alibi=False, deterministic=False, splits=1, varlen_lens=None, sm90=None):
     """One case. varlen_lens: list of (seqlen_q, seqlen_k) per sequence (then sq / sk / b are
-    ignored; packed inputs, the window normalised with the max seqlen_k as the host does)."""
+    ignored; packed inputs, the window normalised with the max seqlen_k as the host does).
+    sm90: run the sm90 backward where it covers the case (default: --sm90 on the command line);
+    bwd_driver.LAST_STDOUT says whether it ran."""
+    sm90 = SM90 if sm90 is None else sm90
     torch.manual_seed(seed)
     if varlen_lens is not None:
         return check_varlen(dtype, d, varlen_lens, causal, window, h, hk, softcap=softcap,
-                            alibi=alibi, deterministic=deterministic, splits=splits)
+                            alibi=alibi, deterministic=deterministic, splits=splits, sm90=sm90)
     q = torch.randn(b, sq, h, d, dtype=dtype)
     k = torch.randn(b, sk, hk, d, dtype=dtype)
     v = torch.randn(b, sk, hk, d, dtype=dtype)
@@ -56,7 +62,7 @@ def check(dtype, d, sq, sk, causal, window, h, hk, b=1, transpose=False, seed=0,
     ref = grads(q.double(), k.double(), v.double(), dout.double(), alibi_slopes=slopes, **kw)
     pt = grads(q, k, v, dout, alibi_slopes=slopes, **kw)  # the same naive math in the input dtype
     got = run_bwd_emulated(dout, q, k, v, out, lse.float(), alibi_slopes=slopes,
-                           deterministic=deterministic, splits=splits, **kw)
+                           deterministic=deterministic, splits=splits, sm90=sm90, **kw)
     return compare(got, ref, pt)
 
 
@@ -73,7 +79,7 @@ def compare(got, ref, pt):
 
 
 def check_varlen(dtype, d, lens, causal, window, h, hk, softcap=0.0, alibi=False,
-                 deterministic=False, splits=1):
+                 deterministic=False, splits=1, sm90=False):
     b = len(lens)
     max_q, max_k = max(lq for lq, _ in lens), max(lk for _, lk in lens)
     causal_n, left, right = normalize_mask(causal, window[0], window[1], max_k)
@@ -107,7 +113,7 @@ def check_varlen(dtype, d, lens, causal, window, h, hk, softcap=0.0, alibi=False
     got = run_bwd_emulated(dout, q, k, v, out, lse, causal=causal, window=window, softcap=softcap,
                            alibi_slopes=slopes, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                            max_seqlen_q=max_q, max_seqlen_k=max_k, deterministic=deterministic,
-                           splits=splits)
+                           splits=splits, sm90=sm90)
     return compare(got, refs, pts)
 
 

@@ -49,6 +49,16 @@ extern thread_local dim3 gridDim;
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline float __log2f(float x) { return std::log2(x); }
+inline float __uint_as_float(uint32_t x) {
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+inline uint32_t __float_as_uint(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    return x;
+}
 
 namespace emu {
 

@@ -24,6 +24,7 @@
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm80/bwd.cuh"
+#include "kernels/sm80/bwd_steps.cuh"
 #include "kernels/sm80/bwd_v2.cuh"
 #ifdef FLASH_CUDA_BWD_TUNING
 #include <cstdlib>
@@ -167,18 +168,7 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         throw std::runtime_error("flash_cuda: backward kernel supports at most 65535 batch "
                                  "entries and 65535 heads");
     }
-    auto blocks_for = [](int64_t threads) {
-        return static_cast<unsigned>(std::min<int64_t>((threads + 255) / 256, 65535 * 16));
-    };
-    {
-        const int64_t rows = varlen ? static_cast<int64_t>(params.h) * params.total_q
-                                    : static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
-        if (rows > 0) {
-            sm80::mha_bwd_preprocess_kernel<Element>
-                <<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(params);
-            FLASH_CUDA_CHECK_LAUNCH();
-        }
-    }
+    sm80::launch_bwd_preprocess<Element>(params, stream);
     if (params.seqlen_k > 0) {
         const bool has_softcap = params.softcap > 0.f;
         const bool has_alibi = params.alibi_slopes_ptr != nullptr;
@@ -226,24 +216,7 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
             }
         }
     }
-    // Postprocess: one thread per 8 head-dim columns of a (row, head); grid (row chunks, heads).
-    constexpr int kChunks = HeadDim / 8;
-    {
-        const int64_t rows = varlen ? params.total_q : static_cast<int64_t>(params.b) * params.seqlen_q;
-        if (rows > 0) {
-            const dim3 grid(blocks_for(rows * kChunks), params.h);
-            sm80::mha_bwd_convert_dq_kernel<Element, HeadDim><<<grid, 256, 0, stream>>>(params);
-            FLASH_CUDA_CHECK_LAUNCH();
-        }
-    }
-    if (!params.dkv_direct) {  // GQA: sum the per-query-head dk / dv workspaces
-        const int64_t rows = varlen ? params.total_k : static_cast<int64_t>(params.b) * params.seqlen_k;
-        if (rows > 0) {
-            const dim3 grid(blocks_for(rows * kChunks), params.h_k);
-            sm80::mha_bwd_convert_dkv_kernel<Element, HeadDim><<<grid, 256, 0, stream>>>(params);
-            FLASH_CUDA_CHECK_LAUNCH();
-        }
-    }
+    sm80::launch_bwd_postprocess<Element, HeadDim>(params, stream);
 }
 
 }  // namespace flash_cuda

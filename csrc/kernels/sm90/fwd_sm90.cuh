@@ -292,13 +292,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // operands: k16 step ks reads 32 bytes into every 128-byte row of slab ks / 4.
     auto issue_qk = [&](int it) {
         const uint32_t k_tile = smem.k + (it % kStages) * Traits::kKVTileBytes;
+        // Opaque: the Q descriptors are rebuilt per block, not hoisted out of the loop into
+        // registers (at d256 they would take 32 of them).
+        const uint32_t q_base = ptx::opaque(q_rows);
         ptx90::fence_operand(acc_s);
         ptx90::wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
             const uint32_t offset = 32 * (ks % 4);
             const uint64_t desc_q =
-                ptx90::make_smem_desc_sw128(q_rows + (ks / 4) * Traits::kQSlabBytes + offset);
+                ptx90::make_smem_desc_sw128(q_base + (ks / 4) * Traits::kQSlabBytes + offset);
             const uint64_t desc_k =
                 ptx90::make_smem_desc_sw128(k_tile + (ks / 4) * Traits::kKVSlabBytes + offset);
             ptx90::wgmma_ss<kBlockN, Element>(acc_s, desc_q, desc_k, ks > 0);

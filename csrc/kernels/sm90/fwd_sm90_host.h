@@ -31,51 +31,56 @@ inline bool fwd_supports(const FwdParams& p) {
            p.b <= 65535 && p.h <= 65535 && p.is_seqlens_k_cumulative;
 }
 
+// The rank-4 map (column, row, head, batch) of a (b, rows, heads, d) tensor or, varlen, of a
+// packed (rows, heads, d) one (batch extent 1), with boxes of 64 columns x box_rows rows and the
+// 128-byte swizzle. Fixed length: rows = the sequence length, so the TMA zero-fills past a
+// sequence's end; varlen: rows = the packed total (row coordinate = the sequence's start + the
+// row). Strides in elements. Returns 0, or the CUresult of the encoding.
+inline int encode_rows_map(CUtensorMap* out, const void* base, int d, int64_t rows, int heads,
+                           int batch, bool varlen, int64_t row_stride, int64_t head_stride,
+                           int64_t batch_stride, uint32_t box_rows) {
+    TensorMapDesc m;
+    m.base = base;
+    m.rank = 4;
+    m.dims[0] = static_cast<uint64_t>(d);
+    m.dims[1] = static_cast<uint64_t>(rows);
+    m.dims[2] = static_cast<uint64_t>(heads);
+    m.dims[3] = varlen ? 1 : static_cast<uint64_t>(batch);
+    const int64_t strides[4] = {1, row_stride, head_stride, batch_stride};
+    for (int i = 1; i < 4; ++i) {
+        // A dimension of extent 1 may have any stride in torch (and varlen has no batch
+        // stride); the TMA wants multiples of 16 bytes: use the dense one there.
+        const uint64_t dense = m.dims[i - 1] * (i == 1 ? 2 : m.strides_bytes[i - 1]);
+        m.strides_bytes[i] =
+            m.dims[i] == 1 ? (dense + 15) / 16 * 16 : static_cast<uint64_t>(strides[i]) * 2;
+    }
+    m.box[0] = 64;
+    m.box[1] = box_rows;
+    m.box[2] = 1;
+    m.box[3] = 1;
+    m.swizzle_bytes = 128;
+    return encode_tensor_map(out, m);
+}
+
 struct FwdTensorMaps {
     CUtensorMap q, k, v;
 };
 
-// Rank-4 maps (column, row, head, batch) with boxes of 64 columns x box_rows rows: fixed length
-// rows = seqlen per batch entry (the TMA zero-fills past a sequence's end); varlen rows = the
-// packed total and a batch extent of 1 (row coordinate = the sequence's start + the row).
-// Returns 0, or the first nonzero CUresult of the encoding.
+// q, k, v maps of a forward call: boxes of q_box_rows query rows and kv_box_rows key rows.
 inline int make_fwd_tensor_maps(const FwdParams& p, uint32_t q_box_rows, uint32_t kv_box_rows,
                                 FwdTensorMaps* maps) {
     const bool varlen = p.cu_seqlens_q != nullptr;
-    auto map = [&](CUtensorMap* out, const void* base, int64_t rows, int heads,
-                   int64_t row_stride, int64_t head_stride, int64_t batch_stride,
-                   uint32_t box_rows) {
-        TensorMapDesc m;
-        m.base = base;
-        m.rank = 4;
-        m.dims[0] = static_cast<uint64_t>(p.d);
-        m.dims[1] = static_cast<uint64_t>(rows);
-        m.dims[2] = static_cast<uint64_t>(heads);
-        m.dims[3] = varlen ? 1 : static_cast<uint64_t>(p.b);
-        const int64_t strides[4] = {1, row_stride, head_stride, batch_stride};
-        for (int i = 1; i < 4; ++i) {
-            // A dimension of extent 1 may have any stride in torch (and varlen has no batch
-            // stride); the TMA wants multiples of 16 bytes: use the dense one there.
-            const uint64_t dense = m.dims[i - 1] * (i == 1 ? 2 : m.strides_bytes[i - 1]);
-            m.strides_bytes[i] =
-                m.dims[i] == 1 ? (dense + 15) / 16 * 16 : static_cast<uint64_t>(strides[i]) * 2;
-        }
-        m.box[0] = 64;
-        m.box[1] = box_rows;
-        m.box[2] = 1;
-        m.box[3] = 1;
-        m.swizzle_bytes = 128;
-        return encode_tensor_map(out, m);
-    };
-    int r = map(&maps->q, p.q_ptr, varlen ? p.total_q : p.seqlen_q, p.h, p.q_row_stride,
-                p.q_head_stride, p.q_batch_stride, q_box_rows);
+    const int64_t q_rows = varlen ? p.total_q : p.seqlen_q;
+    const int64_t k_rows = varlen ? p.total_k : p.seqlen_k;
+    int r = encode_rows_map(&maps->q, p.q_ptr, p.d, q_rows, p.h, p.b, varlen, p.q_row_stride,
+                            p.q_head_stride, p.q_batch_stride, q_box_rows);
     if (r == 0) {
-        r = map(&maps->k, p.k_ptr, varlen ? p.total_k : p.seqlen_k, p.h_k, p.k_row_stride,
-                p.k_head_stride, p.k_batch_stride, kv_box_rows);
+        r = encode_rows_map(&maps->k, p.k_ptr, p.d, k_rows, p.h_k, p.b, varlen, p.k_row_stride,
+                            p.k_head_stride, p.k_batch_stride, kv_box_rows);
     }
     if (r == 0) {
-        r = map(&maps->v, p.v_ptr, varlen ? p.total_k : p.seqlen_k, p.h_k, p.v_row_stride,
-                p.v_head_stride, p.v_batch_stride, kv_box_rows);
+        r = encode_rows_map(&maps->v, p.v_ptr, p.d, k_rows, p.h_k, p.b, varlen, p.v_row_stride,
+                            p.v_head_stride, p.v_batch_stride, kv_box_rows);
     }
     return r;
 }

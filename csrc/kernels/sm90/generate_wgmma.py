@@ -1,6 +1,6 @@
 """Writes wgmma.cuh: the wgmma.mma_async wrappers (m64nNk16, fp32 accumulators, fp16 / bf16
 operands) for N in NS, in the two operand forms the attention kernels use:
-  SS: A and B from shared memory (descriptors), both K-major;
+  SS: A and B from shared memory (descriptors), each K-major or MN-major (kTransA, kTransB);
   RS: A from registers (the mma.m16n8k16 A fragment of each warp's 16 rows), B from shared memory,
       K-major or MN-major (kTransB).
 Run: python csrc/kernels/sm90/generate_wgmma.py (rewrites the header next to it).
@@ -21,7 +21,8 @@ HEADER = """\
 // of the warpgroup, w = t / 32, g = (t % 32) / 4, q = t % 4, register i in [0, N / 2):
 //   d[i] = D[16 w + g + 8 ((i / 2) % 2)][8 (i / 4) + 2 q + (i % 2)]
 // i.e. each warp's 16 rows in the mma.m16n8 C layout, N / 8 column tiles of 4 registers.
-//   wgmma_ss<N, Element>(d, desc_a, desc_b, accumulate)          A, B K-major in shared memory
+//   wgmma_ss<N, Element[, kTransA, kTransB]>(d, desc_a, desc_b, accumulate)   A, B in shared
+//       memory, K-major by default, MN-major where kTransA / kTransB
 //   wgmma_rs<N, Element, kTransB>(d, a, desc_b, accumulate)      A from registers (a[4]: the
 //       mma.m16n8k16 A fragment of the warp's 16 rows), B K-major or MN-major (kTransB)
 // Descriptors: ptx_sm90.cuh make_smem_desc_sw128. Scale-d is a predicate from `accumulate`,
@@ -36,15 +37,15 @@ HEADER = """\
 namespace flash_cuda {
 namespace ptx90 {
 
-template <int N, typename Element>
+template <int N, typename Element, bool kTransA, bool kTransB>
 struct WgmmaSS;
 template <int N, typename Element, bool kTransB>
 struct WgmmaRS;
 
-template <int N, typename Element>
+template <int N, typename Element, bool kTransA = false, bool kTransB = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          bool accumulate) {
-    WgmmaSS<N, Element>::run(d, desc_a, desc_b, accumulate);
+    WgmmaSS<N, Element, kTransA, kTransB>::run(d, desc_a, desc_b, accumulate);
 }
 template <int N, typename Element, bool kTransB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
@@ -78,11 +79,12 @@ def outputs(n_out: int) -> str:
     return "\n".join(lines)
 
 
-def ss(n: int, ctype: str, ptype: str) -> str:
+def ss(n: int, ctype: str, ptype: str, trans_a: bool, trans_b: bool) -> str:
     k = n // 2
+    ta, tb = ("true" if trans_a else "false"), ("true" if trans_b else "false")
     return f"""
 template <>
-struct WgmmaSS<{n}, {ctype}> {{
+struct WgmmaSS<{n}, {ctype}, {ta}, {tb}> {{
     __device__ __forceinline__ static void run(float (&d)[{k}], uint64_t desc_a, uint64_t desc_b,
                                                bool accumulate) {{
         asm volatile(
@@ -91,7 +93,7 @@ struct WgmmaSS<{n}, {ctype}> {{
             "  setp.ne.b32 p, %{k + 2}, 0;\\n"
             "  wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
             {regs(k)}
-            "%{k}, %{k + 1}, p, 1, 1, 0, 0;\\n"
+            "%{k}, %{k + 1}, p, 1, 1, {int(trans_a)}, {int(trans_b)};\\n"
             "}}\\n"
 {outputs(k)}
             : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
@@ -128,7 +130,8 @@ def main() -> None:
     parts = [HEADER]
     for n in NS:
         for ctype, ptype in TYPES:
-            parts.append(ss(n, ctype, ptype))
+            for trans_a, trans_b in ((False, False), (True, True)):
+                parts.append(ss(n, ctype, ptype, trans_a, trans_b))
             parts.append(rs(n, ctype, ptype, False))
             parts.append(rs(n, ctype, ptype, True))
     parts.append("\n}  // namespace ptx90\n}  // namespace flash_cuda\n")

@@ -52,6 +52,11 @@ inline uint4 ld_shared_16(uint32_t addr) {
     std::memcpy(&v, emu::smem_at(addr, 16, 16), 16);
     return v;
 }
+inline uint32_t ld_shared_4(uint32_t addr) {
+    uint32_t v;
+    std::memcpy(&v, emu::smem_at(addr, 4, 4), 4);
+    return v;
+}
 inline void st_shared_4(uint32_t addr, uint32_t value) {
     std::memcpy(emu::smem_at(addr, 4, 4), &value, 4);
 }

@@ -108,11 +108,12 @@ inline emu::WarpgroupContext& warpgroup() {
     return emu::block().warpgroups[g];
 }
 
-// d (64 x N) = (accumulate ? d : 0) + A (64 x 16) B (16 x N); A from `desc_a` (K-major) or from
-// the warpgroup's register fragments `a`, B from `desc_b` (K-major: stored N x K; or MN-major).
+// d (64 x N) = (accumulate ? d : 0) + A (64 x 16) B (16 x N); A from `desc_a` (K-major, or
+// MN-major with trans_a) or from the warpgroup's register fragments `a`, B from `desc_b`
+// (K-major: stored N x K; or MN-major with trans_b).
 template <int N, typename Element>
 inline void wgmma_impl(float (&d)[N / 2], const uint64_t* desc_a, const uint32_t* a,
-                       uint64_t desc_b, bool trans_b, bool accumulate) {
+                       uint64_t desc_b, bool trans_a, bool trans_b, bool accumulate) {
     const int t = static_cast<int>(threadIdx.x % 128);
     emu::WarpgroupContext& wg = warpgroup();
     if (a != nullptr) {
@@ -136,7 +137,7 @@ inline void wgmma_impl(float (&d)[N / 2], const uint64_t* desc_a, const uint32_t
         float sum = accumulate ? d[i] : 0.f;
         for (int k = 0; k < 16; ++k) {
             const float av =
-                a != nullptr ? a_reg(row, k) : operand<Element>(*desc_a, row, k, false);
+                a != nullptr ? a_reg(row, k) : operand<Element>(*desc_a, row, k, trans_a);
             const float bv = operand<Element>(desc_b, col, k, trans_b);
             sum += av * bv;
         }
@@ -281,14 +282,14 @@ inline void wgmma_commit() {}
 template <int kPending>
 inline void wgmma_wait() {}
 
-template <int N, typename Element>
+template <int N, typename Element, bool kTransA = false, bool kTransB = false>
 inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-    detail::wgmma_impl<N, Element>(d, &desc_a, nullptr, desc_b, false, accumulate);
+    detail::wgmma_impl<N, Element>(d, &desc_a, nullptr, desc_b, kTransA, kTransB, accumulate);
 }
 template <int N, typename Element, bool kTransB>
 inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                      bool accumulate) {
-    detail::wgmma_impl<N, Element>(d, nullptr, a, desc_b, kTransB, accumulate);
+    detail::wgmma_impl<N, Element>(d, nullptr, a, desc_b, false, kTransB, accumulate);
 }
 
 // ---- registers ----

@@ -1,0 +1,65 @@
+// The backward's steps around its main kernel, shared by the sm80 launcher (bwd_launch.cuh) and
+// the sm90 one (sm90/bwd_sm90_launch.cuh): the preprocess (D = rowsum(dO * O), bwd.cuh) before,
+// and after it the dq_accum -> dq conversion and, for GQA (not dkv_direct), the sum of the
+// per-query-head dk / dv workspaces. Host code; the caller's params and workspaces as
+// bwd_launch.cuh describes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/launch.h"
+#include "kernels/params.h"
+#include "kernels/sm80/bwd.cuh"
+
+namespace flash_cuda {
+namespace sm80 {
+
+// Blocks of 256 threads for `threads` threads of work, capped (the kernels loop over the rest).
+inline unsigned bwd_blocks_for(int64_t threads) {
+    return static_cast<unsigned>(std::min<int64_t>((threads + 255) / 256, 65535 * 16));
+}
+
+// D = rowsum(dO * O): one warp per (head, query row).
+template <typename Element>
+void launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream) {
+    const bool varlen = params.cu_seqlens_q != nullptr;
+    const int64_t rows = varlen ? static_cast<int64_t>(params.h) * params.total_q
+                                : static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
+    if (rows > 0) {
+        mha_bwd_preprocess_kernel<Element>
+            <<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(params);
+        FLASH_CUDA_CHECK_LAUNCH();
+    }
+}
+
+// dq_accum -> dq, and the GQA dk / dv sums: one thread per 8 head-dim columns of a (row, head);
+// grid (row chunks, heads).
+template <typename Element, int HeadDim>
+void launch_bwd_postprocess(const BwdParams& params, cudaStream_t stream) {
+    const bool varlen = params.cu_seqlens_q != nullptr;
+    constexpr int kChunks = HeadDim / 8;
+    {
+        const int64_t rows =
+            varlen ? params.total_q : static_cast<int64_t>(params.b) * params.seqlen_q;
+        if (rows > 0) {
+            const dim3 grid(bwd_blocks_for(rows * kChunks), params.h);
+            mha_bwd_convert_dq_kernel<Element, HeadDim><<<grid, 256, 0, stream>>>(params);
+            FLASH_CUDA_CHECK_LAUNCH();
+        }
+    }
+    if (!params.dkv_direct) {  // GQA: sum the per-query-head dk / dv workspaces
+        const int64_t rows =
+            varlen ? params.total_k : static_cast<int64_t>(params.b) * params.seqlen_k;
+        if (rows > 0) {
+            const dim3 grid(bwd_blocks_for(rows * kChunks), params.h_k);
+            mha_bwd_convert_dkv_kernel<Element, HeadDim><<<grid, 256, 0, stream>>>(params);
+            FLASH_CUDA_CHECK_LAUNCH();
+        }
+    }
+}
+
+}  // namespace sm80
+}  // namespace flash_cuda

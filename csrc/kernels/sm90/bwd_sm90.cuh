@@ -1,0 +1,419 @@
+// Backward main kernel on Hopper (sm_90a): TMA, mbarriers and wgmma (../shared/DESIGN.md sections
+// 6 and 7). First version: one query block at a time per consumer warpgroup (no overlap of its
+// GEMMs with the softmax work), dQ by fp32 reductions from the registers.
+//
+// One CTA = kBlockN = 128 keys of one (batch, query head), 3 warpgroups (384 threads):
+//   warpgroup 0, the producer (registers lowered to 24):
+//     warp 0, one thread: K and V of the block once (TMA), then for each query block m that
+//       sees some key of the block, Q_m and dO_m (TMA boxes of 64 rows) into one of kStages
+//       buffers, behind that buffer's `empty` mbarrier;
+//     warp 1: lse_m (in base-2 units; +inf past the sequence) and D_m = rowsum(dO * O) of the
+//       same query block into shared memory; its 32 arrivals and the copies' bytes complete the
+//       buffer's `full` mbarrier.
+//   warpgroups 1 and 2, the consumers (registers raised to 240): keys 64 c .. 64 c + 63 of the
+//     block (c = warpgroup - 1), dK and dV (64 x HeadDim, fp32) in registers for the whole loop.
+//     Per query block (the transposed form: keys are the M dimension, so P^T and dS^T come out
+//     of the accumulators already in the A-fragment layout the next GEMMs want):
+//       S^T  = K Q^T, dP^T = V dO^T        wgmma SS (n64), both K-major
+//       P^T  = exp2(S^T scale log2(e) - lse) (0 where the mask hides the key; ALiBi as the
+//              forward), dS^T = P^T (dP^T - D)
+//       dV  += P^T dO, dK += dS^T Q         wgmma RS, dO / Q MN-major (k = queries)
+//       dS^T -> shared memory (rows = keys, 64 queries per 128-byte row: an MN-major A)
+//       dQ   = dS K (this warpgroup's 64 keys)   wgmma SS (n64 per 64-column slab), A and B
+//              MN-major; added to dq_accum with red.global.add.v2.f32 (both warpgroups add:
+//              two reductions per element)
+//   After the loop: dK (times the softmax scale) and dV to the outputs or, GQA, the fp32
+//   per-query-head workspaces (sm80/bwd_dkv_store.cuh).
+// Everything around it is the sm80 backward's (sm80/bwd_steps.cuh): the preprocess (D), the
+// dq_accum -> dq conversion, the GQA dk / dv sums; workspaces and params as bwd_launch.cuh says.
+// Not here (the launcher keeps these on sm80): softcap, dropout, deterministic, head dims other
+// than 64 / 128. Grid (key blocks, b, h).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/mask.cuh"
+#include "kernels/params.h"
+#include "kernels/ptx.cuh"
+#include "kernels/sm80/bwd.cuh"  // BwdSequence, bwd_attention_mask, BwdQueryBlocks, scores
+#include "kernels/sm80/bwd_dkv_store.cuh"
+#include "kernels/sm80/warp_gemm.cuh"  // convert_p_to_a_fragments
+#include "kernels/sm90/ptx_sm90.cuh"
+
+namespace flash_cuda {
+namespace sm90 {
+
+template <int HeadDim, int BlockM = 64, int BlockN = 128>
+struct BwdSm90Traits {
+    static constexpr int kHeadDim = HeadDim;
+    static constexpr int kBlockM = BlockM;  // queries per iteration
+    static constexpr int kBlockN = BlockN;  // keys per CTA
+    static constexpr int kStages = 2;       // Q / dO / lse / D buffers
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+    static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+    static constexpr int kSlabs = HeadDim / 64;  // 64-column slabs of Q, dO, K, V
+
+    static constexpr int kKVSlabBytes = BlockN * 128;
+    static constexpr int kKVBytes = kSlabs * kKVSlabBytes;
+    static constexpr int kQSlabBytes = BlockM * 128;
+    static constexpr int kQBytes = kSlabs * kQSlabBytes;
+    // dS^T: BlockN key rows of BlockM = 64 queries (128 bytes).
+    static constexpr int kDSBytes = BlockN * 128;
+
+    static constexpr int kSmemKOffset = 0;
+    static constexpr int kSmemVOffset = kKVBytes;
+    static constexpr int kSmemQOffset = 2 * kKVBytes;  // stage s: Q, then dO
+    static constexpr int kSmemDSOffset = kSmemQOffset + kStages * 2 * kQBytes;
+    static constexpr int kSmemLseOffset = kSmemDSOffset + kDSBytes;  // [stage][BlockM] floats
+    static constexpr int kSmemDOffset = kSmemLseOffset + kStages * BlockM * 4;
+    static constexpr int kSmemBarOffset = kSmemDOffset + kStages * BlockM * 4;
+    // mbarriers: full K/V, then per stage full Q, empty Q.
+    static constexpr int kNumBarriers = 1 + 2 * kStages;
+    static constexpr int kSmemBytes = 1024 + kSmemBarOffset + 8 * kNumBarriers;
+
+    // The geometry of the sm80 P -> A-fragment helper: 16 key rows per warp, kBlockM queries
+    // (the K dimension of dV += P^T dO).
+    struct PTile {
+        static constexpr int kMTiles = 1;
+        static constexpr int kBlockN = BlockM;
+        static constexpr int kNTiles = BlockM / 8;
+    };
+
+    static_assert(HeadDim == 64 || HeadDim == 128, "sm90 backward: head dims 64 and 128");
+    static_assert(BlockM == 64, "dS^T rows are one 128-byte swizzle row of queries");
+    static_assert(BlockN == 64 * kConsumerWarpgroups, "64 keys per consumer warpgroup");
+    static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+};
+
+template <int HeadDim>
+struct BwdSm90Config {
+    using Traits = BwdSm90Traits<HeadDim>;
+};
+
+// Shared-memory addresses of the CTA's tiles and barriers.
+template <typename Traits>
+struct BwdSm90Smem {
+    uint32_t base;
+    __device__ __forceinline__ static BwdSm90Smem make() {
+        const uint32_t raw = ptx::smem_addr(ptx::dynamic_smem());
+        return BwdSm90Smem{(raw + 1023u) & ~1023u};
+    }
+    __device__ __forceinline__ uint32_t k() const { return base + Traits::kSmemKOffset; }
+    __device__ __forceinline__ uint32_t v() const { return base + Traits::kSmemVOffset; }
+    __device__ __forceinline__ uint32_t q(int stage) const {
+        return base + Traits::kSmemQOffset + stage * 2 * Traits::kQBytes;
+    }
+    __device__ __forceinline__ uint32_t d_o(int stage) const { return q(stage) + Traits::kQBytes; }
+    __device__ __forceinline__ uint32_t ds() const { return base + Traits::kSmemDSOffset; }
+    __device__ __forceinline__ uint32_t lse(int stage) const {
+        return base + Traits::kSmemLseOffset + stage * Traits::kBlockM * 4;
+    }
+    __device__ __forceinline__ uint32_t dsum(int stage) const {
+        return base + Traits::kSmemDOffset + stage * Traits::kBlockM * 4;
+    }
+    __device__ __forceinline__ uint32_t bar() const { return base + Traits::kSmemBarOffset; }
+    __device__ __forceinline__ uint32_t full_kv() const { return bar(); }
+    __device__ __forceinline__ uint32_t full_q(int stage) const { return bar() + 8 * (1 + stage); }
+    __device__ __forceinline__ uint32_t empty_q(int stage) const {
+        return bar() + 8 * (1 + Traits::kStages + stage);
+    }
+};
+
+__device__ __forceinline__ void bwd_wait_phase(uint32_t bar, uint32_t parity) {
+    while (!ptx90::mbarrier_try_wait_parity(bar, parity)) {
+    }
+}
+
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+    return __uint_as_float(ptx::ld_shared_4(addr));
+}
+
+template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    mha_bwd_sm90_kernel(const __grid_constant__ BwdParams params,
+                        const __grid_constant__ CUtensorMap q_map,
+                        const __grid_constant__ CUtensorMap k_map,
+                        const __grid_constant__ CUtensorMap v_map,
+                        const __grid_constant__ CUtensorMap do_map) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // no body outside sm_90a (see fwd_sm90.cuh)
+#else
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kStages = Traits::kStages;
+    constexpr int kSlabs = Traits::kSlabs;
+    using PTile = typename Traits::PTile;
+
+    const BwdSm90Smem<Traits> smem = BwdSm90Smem<Traits>::make();
+    const int tid = threadIdx.x;
+    const int batch = blockIdx.y;
+    const int head = blockIdx.z;
+    const int n0 = blockIdx.x * kBlockN;  // first key of the block
+    const sm80::BwdSequence seq = sm80::BwdSequence::make(params, batch, head);
+    if (n0 >= seq.seqlen_k) return;  // varlen: this sequence has fewer keys
+    const int valid_keys = min(kBlockN, seq.seqlen_k - n0);
+    const AttentionMask mask = sm80::bwd_attention_mask<Causal>(params, seq);
+    const KeyRange range = KeyRange::make(mask);
+    const sm80::BwdQueryBlocks blocks =
+        sm80::BwdQueryBlocks::make<kBlockM>(range, n0, valid_keys, seq.seqlen_q);
+    const int n_iters = blocks.max - blocks.min;  // may be 0: dK = dV = 0
+
+    if (tid == 0) {
+        ptx90::mbarrier_init(smem.full_kv(), 1);
+        for (int s = 0; s < kStages; ++s) {
+            ptx90::mbarrier_init(smem.full_q(s), 1 + 32);  // the TMA thread + the lse/D warp
+            ptx90::mbarrier_init(smem.empty_q(s), Traits::kConsumerThreads);
+        }
+        ptx90::fence_barrier_init();
+    }
+    __syncthreads();  // the last CTA-wide barrier
+
+    const int warpgroup = tid / 128;
+    if (warpgroup == 0) {
+        // ---- Producer.
+        ptx90::setmaxnreg_dec<24>();
+        const int warp = tid / 32, lane = tid % 32;
+        const bool varlen = params.cu_seqlens_q != nullptr;
+        if (warp == 0 && lane == 0) {
+            const int q_row0 = varlen ? params.cu_seqlens_q[batch] : 0;
+            const int k_row0 = varlen ? params.cu_seqlens_k[batch] : 0;
+            const int map_batch = varlen ? 0 : batch;
+            const int kv_head = head / params.h_h_k_ratio;
+            ptx90::mbarrier_arrive_expect_tx(smem.full_kv(), 2 * Traits::kKVBytes);
+            for (int slab = 0; slab < kSlabs; ++slab) {
+                ptx90::tma_load_4d(smem.k() + slab * Traits::kKVSlabBytes, &k_map, 64 * slab,
+                                   k_row0 + n0, kv_head, map_batch, smem.full_kv());
+                ptx90::tma_load_4d(smem.v() + slab * Traits::kKVSlabBytes, &v_map, 64 * slab,
+                                   k_row0 + n0, kv_head, map_batch, smem.full_kv());
+            }
+            for (int it = 0; it < n_iters; ++it) {
+                const int stage = it % kStages;
+                const uint32_t phase = (it / kStages) & 1;
+                const int m0 = (blocks.min + it) * kBlockM;
+                // The consumers released this buffer (first round: passes at once).
+                bwd_wait_phase(smem.empty_q(stage), phase ^ 1);
+                ptx90::mbarrier_arrive_expect_tx(smem.full_q(stage), 2 * Traits::kQBytes);
+                for (int slab = 0; slab < kSlabs; ++slab) {
+                    ptx90::tma_load_4d(smem.q(stage) + slab * Traits::kQSlabBytes, &q_map,
+                                       64 * slab, q_row0 + m0, head, map_batch, smem.full_q(stage));
+                    ptx90::tma_load_4d(smem.d_o(stage) + slab * Traits::kQSlabBytes, &do_map,
+                                       64 * slab, q_row0 + m0, head, map_batch, smem.full_q(stage));
+                }
+            }
+        } else if (warp == 1) {
+            const float* lse = params.softmax_lse_ptr + seq.lse_row0;
+            const float* dsum = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
+            for (int it = 0; it < n_iters; ++it) {
+                const int stage = it % kStages;
+                const uint32_t phase = (it / kStages) & 1;
+                const int m0 = (blocks.min + it) * kBlockM;
+                bwd_wait_phase(smem.empty_q(stage), phase ^ 1);
+#pragma unroll
+                for (int j = lane; j < kBlockM; j += 32) {
+                    const int query = m0 + j;
+                    const bool in = query < seq.seqlen_q;
+                    // Past the sequence: p = 2^(x - inf) = 0, so those rows add nothing.
+                    ptx::st_shared_4(smem.lse(stage) + 4 * j,
+                                     __float_as_uint(in ? lse[query] * static_cast<float>(M_LOG2E)
+                                                        : INFINITY));
+                    ptx::st_shared_4(smem.dsum(stage) + 4 * j, __float_as_uint(in ? dsum[query] : 0.f));
+                }
+                ptx90::mbarrier_arrive(smem.full_q(stage));  // releases the stores above
+            }
+        }
+        return;
+    }
+
+    // ---- Consumers: warpgroup 1 + c owns keys 64 c .. 64 c + 63 of the block.
+    ptx90::setmaxnreg_inc<240>();
+    const int c = warpgroup - 1;
+    const int t = tid % 128;
+    const int lane = t % 32;
+    const int key_row0 = 64 * c + 16 * (t / 32);  // the warp's first key in the block
+    const float score_log2 = params.scale_softmax_log2;
+    const float alibi_slope_log2 = HasAlibi ? sm80::bwd_alibi_slope_log2(params, batch, head) : 0.f;
+    float* const dq_head = sm80::bwd_dq_head<kHeadDim>(params, seq);
+
+    float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];  // wgmma layout, rows = the warp's keys
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+    float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];  // S^T, dP^T (64 keys x 64 queries)
+    uint32_t p_frag[1][kBlockM / 16][4], ds_frag[1][kBlockM / 16][4];
+    auto& s_frag = *reinterpret_cast<float(*)[1][kBlockM / 8][4]>(&acc_s);
+    auto& dp_frag = *reinterpret_cast<float(*)[1][kBlockM / 8][4]>(&acc_dp);
+
+    bwd_wait_phase(smem.full_kv(), 0);
+    for (int it = 0; it < n_iters; ++it) {
+        const int stage = it % kStages;
+        const int m0 = (blocks.min + it) * kBlockM;
+        // This warpgroup's 64 key rows in each K / V slab and in dS^T. Opaque, so that the
+        // wgmma descriptors derived from them are rebuilt here rather than hoisted out of the
+        // loop (28 loop-invariant 64-bit descriptors spilled 108 bytes at d128).
+        const uint32_t rows_offset = ptx::opaque(static_cast<uint32_t>(64 * c * 128));
+        const uint32_t k_rows = smem.k() + rows_offset;
+        const uint32_t v_rows = smem.v() + rows_offset;
+        const uint32_t ds_rows = smem.ds() + rows_offset;
+        bwd_wait_phase(smem.full_q(stage), (it / kStages) & 1);
+
+        // S^T = K Q^T and dP^T = V dO^T: k16 step ks reads 32 bytes into the rows of slab ks / 4.
+        ptx90::fence_operand(acc_s);
+        ptx90::fence_operand(acc_dp);
+        ptx90::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+            const uint32_t offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
+            const uint32_t q_offset = (ks / 4) * Traits::kQSlabBytes + 32 * (ks % 4);
+            ptx90::wgmma_ss<kBlockM, Element>(acc_s, ptx90::make_smem_desc_sw128(k_rows + offset),
+                                              ptx90::make_smem_desc_sw128(smem.q(stage) + q_offset),
+                                              ks > 0);
+        }
+        ptx90::wgmma_commit();
+#pragma unroll
+        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+            const uint32_t offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
+            const uint32_t q_offset = (ks / 4) * Traits::kQSlabBytes + 32 * (ks % 4);
+            ptx90::wgmma_ss<kBlockM, Element>(acc_dp,
+                                              ptx90::make_smem_desc_sw128(v_rows + offset),
+                                              ptx90::make_smem_desc_sw128(smem.d_o(stage) + q_offset),
+                                              ks > 0);
+        }
+        ptx90::wgmma_commit();
+
+        // P^T while dP^T accumulates. Element (nt, e): key key_row0 + lane / 4 + 8 (e / 2) of
+        // the block, query column 8 nt + 2 (lane % 4) + (e % 2). The mask per key row as a range
+        // of visible columns [lo, hi] relative to the thread's column 2 (lane % 4), so each
+        // element compares a constant (keys past the sequence: an empty range):
+        //   key >= query + begin_shift  and  key < min(seqlen_k, query + end_shift).
+        ptx90::wgmma_wait<1>();
+        ptx90::fence_operand(acc_s);
+        const uint32_t lse_thread = smem.lse(stage) + 8 * (lane % 4);
+        const uint32_t dsum_thread = smem.dsum(stage) + 8 * (lane % 4);
+        const int col_base = ptx::opaque(m0 + 2 * (lane % 4));  // query of column offset 0
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int key = ptx::opaque(n0 + key_row0 + lane / 4 + 8 * half);
+            const int lo = key - range.end_shift + 1 - col_base;
+            const int hi = key < range.seqlen_k ? key - range.begin_shift - col_base : -1;
+            const int alibi_base = col_base + mask.diag - key;  // query + diag - key at offset 0
+#pragma unroll
+            for (int nt = 0; nt < kBlockM / 8; ++nt) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int offset = 8 * nt + j;
+                    const float lse_log2 = ld_shared_f32(lse_thread + 4 * offset);
+                    float dscore = 1.f;
+                    const float x = sm80::bwd_score_log2_p<false, HasAlibi>(
+                        s_frag[0][nt][2 * half + j], dscore, score_log2, 0.f, alibi_slope_log2,
+                        HasAlibi ? abs(alibi_base + offset) : 0, lse_log2);
+                    const bool visible = offset >= lo && offset <= hi;
+                    s_frag[0][nt][2 * half + j] = visible ? ptx::exp2_approx(x) : 0.f;
+                }
+            }
+        }
+        ptx90::wgmma_wait<0>();
+        ptx90::fence_operand(acc_dp);
+        // dS^T = P^T (dP^T - D) in place of dP^T.
+#pragma unroll
+        for (int nt = 0; nt < kBlockM / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float d = ld_shared_f32(dsum_thread + 4 * (8 * nt + (e % 2)));
+                dp_frag[0][nt][e] = s_frag[0][nt][e] * (dp_frag[0][nt][e] - d);
+            }
+        }
+        sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+        sm80::convert_p_to_a_fragments<Element, PTile>(ds_frag, dp_frag);
+
+        // dS^T -> shared memory, rows = keys, 128-byte rows of the 64 queries (swizzled): the
+        // MN-major A operand of dQ. ds_frag[kk] words: (row g, queries 16 kk + 2 q), (g + 8, ..),
+        // (g, 16 kk + 8 + 2 q), (g + 8, ..): the 16-byte chunk of query 8 j is j.
+        {
+            const int g = lane / 4, q = lane % 4;
+#pragma unroll
+            for (int kk = 0; kk < kBlockM / 16; ++kk) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int row = 16 * (t / 32) + g + 8 * (r % 2);  // in this warpgroup's rows
+                    const int chunk = 2 * kk + r / 2;
+                    ptx::st_shared_4(ds_rows + row * 128 + ((chunk ^ (row % 8)) << 4) + 4 * q,
+                                     ds_frag[0][kk][r]);
+                }
+            }
+        }
+        ptx90::fence_proxy_async_shared();  // the st.shared above, read by the dQ wgmma below
+
+        // dV += P^T dO, dK += dS^T Q: B MN-major (rows = queries), k16 step = 16 query rows =
+        // 2048 bytes, the 64-column slabs kQSlabBytes apart.
+        ptx90::fence_operand(acc_dv);
+        ptx90::fence_operand(acc_dk);
+        ptx90::fence_operand(p_frag);
+        ptx90::fence_operand(ds_frag);
+        ptx90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+            ptx90::wgmma_rs<kHeadDim, Element, true>(
+                acc_dv, p_frag[0][kk],
+                ptx90::make_smem_desc_sw128(smem.d_o(stage) + 2048 * kk, Traits::kQSlabBytes), true);
+        }
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+            ptx90::wgmma_rs<kHeadDim, Element, true>(
+                acc_dk, ds_frag[0][kk],
+                ptx90::make_smem_desc_sw128(smem.q(stage) + 2048 * kk, Traits::kQSlabBytes), true);
+        }
+        ptx90::wgmma_commit();
+        ptx90::wgmma_wait<0>();
+        ptx90::fence_operand(acc_dv);
+        ptx90::fence_operand(acc_dk);
+        ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
+
+        // dQ (64 queries x HeadDim) = dS (queries x this warpgroup's 64 keys) K (keys x HeadDim),
+        // one 64-column slab at a time (32 accumulators, next to dK and dV's 2 x HeadDim / 2):
+        // A = dS^T rows (MN-major: k = keys, 16 of them = 2048 bytes per step), B = the slab of
+        // K rows (MN-major). Rows = queries 16 w + g (+ 8) of the block, columns 8 nt + 2 q (+ 1).
+        const int g = lane / 4, q = lane % 4;
+#pragma unroll
+        for (int slab = 0; slab < kSlabs; ++slab) {
+            float acc_dq[32];
+            ptx90::fence_operand(acc_dq);
+            ptx90::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 64 / 16; ++kk) {
+                ptx90::wgmma_ss<64, Element, true, true>(
+                    acc_dq, ptx90::make_smem_desc_sw128(ds_rows + 2048 * kk),
+                    ptx90::make_smem_desc_sw128(k_rows + slab * Traits::kKVSlabBytes + 2048 * kk),
+                    kk > 0);
+            }
+            ptx90::wgmma_commit();
+            ptx90::wgmma_wait<0>();
+            ptx90::fence_operand(acc_dq);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int query = m0 + 16 * (t / 32) + g + 8 * half;
+                if (query >= seq.seqlen_q) continue;
+                float* dq_row = dq_head + static_cast<int64_t>(query) * kHeadDim + 64 * slab + 2 * q;
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+                    ptx::red_add_f32x2(dq_row + 8 * nt, acc_dq[4 * nt + 2 * half],
+                                       acc_dq[4 * nt + 2 * half + 1]);
+                }
+            }
+        }
+    }
+
+    // ---- dK, dV of this warp's 16 keys.
+    const auto& dk_frag = *reinterpret_cast<const float(*)[1][kHeadDim / 8][4]>(&acc_dk);
+    const auto& dv_frag = *reinterpret_cast<const float(*)[1][kHeadDim / 8][4]>(&acc_dv);
+    sm80::store_dk_dv<Element, kHeadDim, true, true>(params, batch, head, seq.kv_row0, n0, key_row0,
+                                                      0, lane, valid_keys, dk_frag, dv_frag);
+#endif  // sm_90a
+}
+
+}  // namespace sm90
+}  // namespace flash_cuda

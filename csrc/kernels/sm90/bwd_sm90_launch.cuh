@@ -1,0 +1,55 @@
+// Host launcher of the sm90 backward (kernels/sm90/bwd_sm90.cuh; declared in kernels/launch.h).
+// Included by the generated csrc/instantiations/bwd_hdim*_sm90.cu files. The steps around the
+// main kernel are the sm80 backward's (sm80/bwd_steps.cuh), with its workspaces.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/launch.h"
+#include "kernels/params.h"
+#include "kernels/sm80/bwd_steps.cuh"
+#include "kernels/sm90/bwd_sm90.cuh"
+#include "kernels/sm90/bwd_sm90_host.h"
+
+namespace flash_cuda {
+
+namespace sm90 {
+
+template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+void launch_bwd_sm90_kernel(BwdParams& params, const BwdTensorMaps& maps, cudaStream_t stream) {
+    auto kernel = &mha_bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>;
+    reserve_dynamic_smem(kernel, Traits::kSmemBytes, "sm90 backward kernel");
+    const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b, params.h);
+    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, maps.q, maps.k, maps.v,
+                                                                     maps.d_o);
+    FLASH_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace sm90
+
+template <typename Element, int HeadDim, bool Causal>
+void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream) {
+    using Traits = typename sm90::BwdSm90Config<HeadDim>::Traits;
+    if (params.b <= 0 || params.h <= 0 || params.seqlen_q <= 0) return;
+    if (params.d != HeadDim || !sm90::bwd_supports(params)) {
+        throw std::runtime_error("flash_cuda: the sm90 backward kernel does not cover this call");
+    }
+    sm90::BwdTensorMaps maps;
+    const int r = sm90::make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps);
+    if (r != 0) {
+        throw std::runtime_error("flash_cuda: cuTensorMapEncodeTiled failed for the sm90 backward "
+                                 "(CUresult " + std::to_string(r) + ")");
+    }
+    sm80::launch_bwd_preprocess<Element>(params, stream);
+    if (params.alibi_slopes_ptr != nullptr) {
+        sm90::launch_bwd_sm90_kernel<Element, Traits, Causal, true>(params, maps, stream);
+    } else {
+        sm90::launch_bwd_sm90_kernel<Element, Traits, Causal, false>(params, maps, stream);
+    }
+    sm80::launch_bwd_postprocess<Element, HeadDim>(params, stream);
+}
+
+}  // namespace flash_cuda

@@ -1,0 +1,51 @@
+"""The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh) on the CPU emulator's Hopper instructions
+(tests/emulation/kernels/sm90), with the sm80 backward's preprocess and convert kernels around
+it, against the fp64 oracle (tests/emulation/check_bwd.py: the 3x rule of DESIGN.md section 9).
+Each case is one the kernel covers (head dim 64 / 128, no softcap, dropout or deterministic mode)
+and asserts it ran."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
+
+import bwd_driver  # noqa: E402
+import check_bwd  # noqa: E402
+from driver import CUDA_INCLUDE  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("g++") is None or not (CUDA_INCLUDE / "cuda_fp16.h").exists(),
+                       reason="needs g++ and the CUDA headers"),
+]
+
+F16, BF16 = torch.float16, torch.bfloat16
+# (args, kwargs) of check_bwd.check: odd lengths, several key and query blocks (the Q / dO
+# buffers go through several phases), causal / window, GQA, ALiBi, rows without keys, varlen
+# (sequences of 1 query or 1 key, seqlen_q > seqlen_k), strided dout.
+CASES = [
+    ((F16, 64, 113, 203, False, (-1, -1), 2, 2), {}),
+    ((BF16, 128, 113, 203, True, (-1, -1), 4, 1), {}),
+    ((F16, 64, 300, 600, True, (-1, -1), 2, 1), {}),
+    ((BF16, 128, 200, 300, False, (40, 7), 2, 2), {"b": 2}),
+    ((F16, 64, 70, 40, False, (17, 5), 4, 1), {}),
+    ((F16, 128, 203, 113, True, (-1, -1), 2, 1), {"alibi": True}),
+    ((BF16, 64, 113, 203, True, (-1, -1), 2, 1), {"b": 2, "alibi": "h", "transpose": True}),
+    ((BF16, 128, 1, 1, False, (-1, -1), 2, 2), {}),
+    ((F16, 64, 0, 0, False, (-1, -1), 2, 1), {"varlen_lens": [(1, 1), (37, 90), (130, 70),
+                                                                (5, 200)]}),
+    ((BF16, 128, 0, 0, True, (-1, -1), 2, 2), {"varlen_lens": [(70, 20), (1, 150), (64, 64)]}),
+]
+
+
+@pytest.mark.parametrize("args,kwargs", CASES, ids=lambda x: str(x))
+def test_bwd_emulated_sm90(args, kwargs):
+    ok, msg = check_bwd.check(*args, sm90=True, **kwargs)
+    assert "sm90 backward" in bwd_driver.LAST_STDOUT, "the sm90 backward kernel did not run"
+    assert ok, msg

@@ -1,0 +1,83 @@
+"""The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh: TMA, mbarriers, wgmma) on an sm_90 GPU: the
+backward GPU tests of test_bwd_gpu.py that it covers (head dims 64 and 128, no softcap, no
+dropout, not deterministic), run with FLASH_CUDA_SM90=1 (which also runs the sm90 forward where
+it covers the call), same oracle and 3x rule. Every test also checks with the profiler that the
+sm90 backward kernel ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import test_bwd_gpu as base
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available()
+                       or torch.cuda.get_device_capability() != (9, 0),
+                       reason="needs an sm_90 GPU (H100 / H200)"),
+]
+
+
+@pytest.fixture(autouse=True)
+def sm90_backward(monkeypatch):
+    """FLASH_CUDA_SM90=1 for the test; afterwards, the sm90 backward kernel must be among the
+    kernels it launched."""
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setenv("FLASH_CUDA_SM90", "1")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        yield
+        torch.cuda.synchronize()
+    names = {event.name for event in prof.events()}
+    assert any("mha_bwd_sm90_kernel" in n for n in names), \
+        "the sm90 backward kernel did not run (was the extension built with FLASH_CUDA_ARCHS=90a?)"
+
+
+@pytest.mark.parametrize("ratio", base.GQA_RATIOS)
+@pytest.mark.parametrize("mask", tuple(base.MASKS))
+@pytest.mark.parametrize("sq,sk", base.SEQLENS)
+@pytest.mark.parametrize("d", base.HEAD_DIMS)
+@pytest.mark.parametrize("dtype", base.DTYPES)
+def test_bwd_matches_oracle_sm90(dtype, d, sq, sk, mask, ratio):
+    base.run_case(dtype, d, sq, sk, mask, ratio)
+
+
+@pytest.mark.parametrize("d", base.HEAD_DIMS)
+def test_bwd_non_contiguous_dout_sm90(d):
+    base.test_bwd_non_contiguous_dout(d)
+
+
+@pytest.mark.parametrize("d", base.HEAD_DIMS)
+def test_bwd_strided_qkv_sm90(d):
+    base.test_bwd_strided_qkv(d)
+
+
+@pytest.mark.parametrize("d", base.HEAD_DIMS)
+def test_bwd_rows_without_keys_sm90(d):
+    base.test_bwd_rows_without_keys(d)
+
+
+@pytest.mark.parametrize("d", base.HEAD_DIMS)
+@pytest.mark.parametrize("ratio", base.GQA_RATIOS)
+def test_bwd_dk_dv_bitwise_reproducible_sm90(d, ratio):
+    base.test_bwd_dk_dv_bitwise_reproducible(d, ratio)
+
+
+FEATURE_CASES = [c for c in base.FEATURE_CASES if c[0] in (64, 128) and "softcap" not in c[1]]
+
+
+@pytest.mark.parametrize("d,feature,dtype,seqlens,ratio,transposed", FEATURE_CASES,
+                         ids=lambda x: str(x))
+def test_bwd_features_sm90(d, feature, dtype, seqlens, ratio, transposed):
+    base.test_bwd_features(d, feature, dtype, seqlens, ratio, transposed)
+
+
+VARLEN_CASES = [(d, f, dtype, ratio) for d in (64, 128) for f in ("plain", "causal", "window",
+                                                                    "alibi")
+                for dtype, ratio in ((torch.float16, 1), (torch.bfloat16, 4))]
+
+
+@pytest.mark.parametrize("d,feature,dtype,ratio", VARLEN_CASES, ids=lambda x: str(x))
+def test_varlen_bwd_sm90(d, feature, dtype, ratio):
+    base.run_varlen_case(dtype, d, feature, ratio, seed=d * 10 + base.FEATURES.index(feature))
