@@ -200,6 +200,34 @@ __global__ void wgmma_rs_kernel(const __nv_bfloat16* p, const __nv_bfloat16* v_s
     for (int i = 0; i < N / 2; ++i) o[acc_row(t, i) * N + acc_col(t, i)] = acc[i];
 }
 
+// ---- 5. wgmma SS with both operands MN-major (the dQ = dS K step of the backward): D (64 x 64)
+// = A (64 x 64) B (64 x 64), A stored transposed (row = k, 64 m per 128-byte row), B row-major
+// (row = k, 64 n), both swizzled by st.shared; k16 step = 16 rows = 2048 bytes.
+__global__ void wgmma_tt_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* d) {
+    uint8_t* sa = smem_1024();
+    uint8_t* sb = sa + kTileBytes;
+    const int t = threadIdx.x;
+    for (int i = t; i < kTile * kTile; i += kThreads) {
+        const int r = i / kTile, c = i % kTile;
+        std::memcpy(sa + sw128_offset(c, r), &a[i], 2);  // A[m = r][k = c] at row k, column m
+        std::memcpy(sb + sw128_offset(r, c), &b[i], 2);  // B[k = r][n = c]
+    }
+    ptx90::fence_proxy_async_shared();
+    __syncthreads();
+    float acc[32];
+    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+    ptx90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kTile / 16; ++ks) {
+        ptx90::wgmma_ss<64, __nv_bfloat16, true, true>(
+            acc, ptx90::make_smem_desc_sw128(ptx::smem_addr(sa) + 2048 * ks),
+            ptx90::make_smem_desc_sw128(ptx::smem_addr(sb) + 2048 * ks), ks > 0);
+    }
+    ptx90::wgmma_commit();
+    ptx90::wgmma_wait<0>();
+    for (int i = 0; i < 32; ++i) d[acc_row(t, i) * kTile + acc_col(t, i)] = acc[i];
+}
+
 // ---- host side: inputs and expectations
 
 // Test matrices: A (128 x 64, two TMA boxes), B (64 x 64); small multiples of 1/8 and 1/4, exact
@@ -359,6 +387,13 @@ int run_checks(Device& dev) {
         std::snprintf(name, sizeof(name), "wgmma m64n%dk16 RS x4, MN-major B (%s)", n,
                       n == 64 ? "one slab" : "two slabs, leading byte offset");
         report(name, err <= 1e-3);
+    }
+    {  // 5. wgmma SS, A and B MN-major: D = A[:64] B (B as K x N)
+        dev.upload_to(d_dev, std::vector<float>(kTile * kTile, NAN));
+        dev.launch(wgmma_tt_kernel, a_dev, b_dev, d_dev);
+        const double err = max_error(dev.download(d_dev, kTile * kTile), in.ref(kTile, false));
+        std::printf("  wgmma SS (MN-major A and B): max |D - ref| = %g\n", err);
+        report("wgmma m64n64k16 SS x4, MN-major A and B (transposed descriptors)", err <= 1e-3);
     }
     dev.release(d_dev);
     dev.release(a_dev);
