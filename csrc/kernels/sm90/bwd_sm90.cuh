@@ -222,7 +222,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     ptx::st_shared_4(smem.lse(stage) + 4 * j,
                                      __float_as_uint(in ? lse[query] * static_cast<float>(M_LOG2E)
                                                         : INFINITY));
-                    ptx::st_shared_4(smem.dsum(stage) + 4 * j, __float_as_uint(in ? dsum[query] : 0.f));
+                    ptx::st_shared_4(smem.dsum(stage) + 4 * j,
+                                     __float_as_uint(in ? dsum[query] : 0.f));
                 }
                 ptx90::mbarrier_arrive(smem.full_q(stage));  // releases the stores above
             }
@@ -278,10 +279,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int ks = 0; ks < kHeadDim / 16; ++ks) {
             const uint32_t offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
             const uint32_t q_offset = (ks / 4) * Traits::kQSlabBytes + 32 * (ks % 4);
-            ptx90::wgmma_ss<kBlockM, Element>(acc_dp,
-                                              ptx90::make_smem_desc_sw128(v_rows + offset),
-                                              ptx90::make_smem_desc_sw128(smem.d_o(stage) + q_offset),
-                                              ks > 0);
+            ptx90::wgmma_ss<kBlockM, Element>(
+                acc_dp, ptx90::make_smem_desc_sw128(v_rows + offset),
+                ptx90::make_smem_desc_sw128(smem.d_o(stage) + q_offset), ks > 0);
         }
         ptx90::wgmma_commit();
 
@@ -357,15 +357,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) {
+            const uint32_t do_rows = smem.d_o(stage) + 2048 * kk;
             ptx90::wgmma_rs<kHeadDim, Element, true>(
-                acc_dv, p_frag[0][kk],
-                ptx90::make_smem_desc_sw128(smem.d_o(stage) + 2048 * kk, Traits::kQSlabBytes), true);
+                acc_dv, p_frag[0][kk], ptx90::make_smem_desc_sw128(do_rows, Traits::kQSlabBytes),
+                true);
         }
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) {
+            const uint32_t q_rows = smem.q(stage) + 2048 * kk;
             ptx90::wgmma_rs<kHeadDim, Element, true>(
-                acc_dk, ds_frag[0][kk],
-                ptx90::make_smem_desc_sw128(smem.q(stage) + 2048 * kk, Traits::kQSlabBytes), true);
+                acc_dk, ds_frag[0][kk], ptx90::make_smem_desc_sw128(q_rows, Traits::kQSlabBytes),
+                true);
         }
         ptx90::wgmma_commit();
         ptx90::wgmma_wait<0>();
@@ -397,7 +399,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             for (int half = 0; half < 2; ++half) {
                 const int query = m0 + 16 * (t / 32) + g + 8 * half;
                 if (query >= seq.seqlen_q) continue;
-                float* dq_row = dq_head + static_cast<int64_t>(query) * kHeadDim + 64 * slab + 2 * q;
+                float* dq_row =
+                    dq_head + static_cast<int64_t>(query) * kHeadDim + 64 * slab + 2 * q;
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
                     ptx::red_add_f32x2(dq_row + 8 * nt, acc_dq[4 * nt + 2 * half],

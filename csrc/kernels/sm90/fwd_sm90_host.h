@@ -19,9 +19,9 @@ constexpr bool fwd_head_dim_supported(int d) { return d == 64 || d == 128 || d =
 // Whether the sm90 forward kernel handles the call: head dim 64, 128 or 256 exactly (the TMA boxes
 // are 64 columns wide), no dropout, no KV-cache features (paged, cache_batch_idx, leftpad,
 // seqused_k, appended keys), no split-KV or GQA packing, more query rows than a decode step
-// (seqlen_q > 64: shorter calls stay on the sm80 decode tile), at least one key row in k / v (a tensor map needs extents >= 1),
-// grid limits. Pointers and strides 16-byte aligned: the caller's (flash_api.cpp pads / copies
-// to that).
+// (seqlen_q > 64: shorter calls stay on the sm80 decode tile), at least one key row in k / v
+// (a tensor map needs extents >= 1), grid limits. Pointers and strides 16-byte aligned: the
+// caller's (flash_api.cpp pads / copies to that).
 inline bool fwd_supports(const FwdParams& p) {
     const bool has_keys = p.cu_seqlens_q != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
     const bool kv_cache = p.block_table != nullptr || p.cache_batch_idx != nullptr ||
