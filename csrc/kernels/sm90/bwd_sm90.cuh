@@ -42,6 +42,7 @@
 #include "kernels/sm80/bwd.cuh"  // BwdSequence, bwd_attention_mask, BwdQueryBlocks, scores
 #include "kernels/sm80/bwd_dkv_store.cuh"
 #include "kernels/sm80/warp_gemm.cuh"  // convert_p_to_a_fragments
+#include "kernels/sm90/mbarrier_wait.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
 
 namespace flash_cuda {
@@ -124,11 +125,6 @@ struct BwdSm90Smem {
     }
 };
 
-__device__ __forceinline__ void bwd_wait_phase(uint32_t bar, uint32_t parity) {
-    while (!ptx90::mbarrier_try_wait_parity(bar, parity)) {
-    }
-}
-
 __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
     return __uint_as_float(ptx::ld_shared_4(addr));
 }
@@ -197,7 +193,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 const uint32_t phase = (it / kStages) & 1;
                 const int m0 = (blocks.min + it) * kBlockM;
                 // The consumers released this buffer (first round: passes at once).
-                bwd_wait_phase(smem.empty_q(stage), phase ^ 1);
+                wait_phase(smem.empty_q(stage), phase ^ 1);
                 ptx90::mbarrier_arrive_expect_tx(smem.full_q(stage), 2 * Traits::kQBytes);
                 for (int slab = 0; slab < kSlabs; ++slab) {
                     ptx90::tma_load_4d(smem.q(stage) + slab * Traits::kQSlabBytes, &q_map,
@@ -213,7 +209,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 const int stage = it % kStages;
                 const uint32_t phase = (it / kStages) & 1;
                 const int m0 = (blocks.min + it) * kBlockM;
-                bwd_wait_phase(smem.empty_q(stage), phase ^ 1);
+                wait_phase(smem.empty_q(stage), phase ^ 1);
 #pragma unroll
                 for (int j = lane; j < kBlockM; j += 32) {
                     const int query = m0 + j;
@@ -249,7 +245,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto& s_frag = *reinterpret_cast<float(*)[1][kBlockM / 8][4]>(&acc_s);
     auto& dp_frag = *reinterpret_cast<float(*)[1][kBlockM / 8][4]>(&acc_dp);
 
-    bwd_wait_phase(smem.full_kv(), 0);
+    wait_phase(smem.full_kv(), 0);
     for (int it = 0; it < n_iters; ++it) {
         const int stage = it % kStages;
         const int m0 = (blocks.min + it) * kBlockM;
@@ -260,7 +256,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const uint32_t k_rows = smem.k() + rows_offset;
         const uint32_t v_rows = smem.v() + rows_offset;
         const uint32_t ds_rows = smem.ds() + rows_offset;
-        bwd_wait_phase(smem.full_q(stage), (it / kStages) & 1);
+        wait_phase(smem.full_q(stage), (it / kStages) & 1);
 
         // S^T = K Q^T and dP^T = V dO^T: k16 step ks reads 32 bytes into the rows of slab ks / 4.
         ptx90::fence_operand(acc_s);

@@ -46,6 +46,7 @@
 #include "kernels/ptx.cuh"
 #include "kernels/sm80/fwd.cuh"  // SequenceInfo, OutputTile
 #include "kernels/sm80/warp_gemm.cuh"
+#include "kernels/sm90/mbarrier_wait.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
 #include "kernels/softmax.cuh"
 
@@ -128,11 +129,6 @@ struct Sm90Smem {
         return bar + 8 * (1 + 3 * Traits::kStages + stage);
     }
 };
-
-__device__ __forceinline__ void wait_phase(uint32_t bar, uint32_t parity) {
-    while (!ptx90::mbarrier_try_wait_parity(bar, parity)) {
-    }
-}
 
 // The tile's rows in the tensor maps: row and batch coordinates of the first query row / key 0.
 struct MapRows {
