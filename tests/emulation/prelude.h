@@ -102,6 +102,8 @@ struct BlockContext {
     std::deque<WarpgroupContext> warpgroups;
     std::mutex mbarrier_mutex;
     std::map<uint32_t, MBarrier> mbarriers;
+    // Named barriers (bar.sync id, threads) of the sm90 emulation, made at first use.
+    std::map<uint32_t, std::unique_ptr<std::barrier<>>> named_barriers;
 };
 
 // Global memory the kernel may read with cp.async (inputs), for bounds checks.

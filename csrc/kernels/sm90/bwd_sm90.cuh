@@ -19,9 +19,11 @@
 //              forward), dS^T = P^T (dP^T - D)
 //       dV  += P^T dO, dK += dS^T Q         wgmma RS, dO / Q MN-major (k = queries)
 //       dS^T -> shared memory (rows = keys, 64 queries per 128-byte row: an MN-major A)
-//       dQ   = dS K (this warpgroup's 64 keys)   wgmma SS (n64 per 64-column slab), A and B
-//              MN-major; added to dq_accum with red.global.add.v2.f32 (both warpgroups add:
-//              two reductions per element)
+//       dQ   = dS K                         wgmma SS (n64 per 64-column slab), A and B
+//              MN-major; added to dq_accum with red.global.add.v2.f32. d128: warpgroup c
+//              takes columns 64 c.. over all 128 keys (dS^T double-buffered, a named barrier
+//              between the warpgroups), one reduction per element; d64: each warpgroup its
+//              own 64 keys over all columns, two reductions per element.
 //   After the loop: dK (times the softmax scale) and dV to the outputs or, GQA, the fp32
 //   per-query-head workspaces (sm80/bwd_dkv_store.cuh).
 // Everything around it is the sm80 backward's (sm80/bwd_steps.cuh): the preprocess (D), the
@@ -65,12 +67,18 @@ struct BwdSm90Traits {
     static constexpr int kQBytes = kSlabs * kQSlabBytes;
     // dS^T: BlockN key rows of BlockM = 64 queries (128 bytes).
     static constexpr int kDSBytes = BlockN * 128;
+    // dQ split by columns (d128): warpgroup c computes columns 64 c .. 64 c + 63 over all 128
+    // keys, reading both warpgroups' dS^T rows (double-buffered, a named barrier per query
+    // block), so each dq_accum element gets one reduction per CTA instead of two. Otherwise
+    // (d64) each warpgroup reduces its own 64 keys' share of all columns.
+    static constexpr bool kDqSplitN = HeadDim == 128;
+    static constexpr int kDSBuffers = kDqSplitN ? 2 : 1;
 
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kKVBytes;
     static constexpr int kSmemQOffset = 2 * kKVBytes;  // stage s: Q, then dO
     static constexpr int kSmemDSOffset = kSmemQOffset + kStages * 2 * kQBytes;
-    static constexpr int kSmemLseOffset = kSmemDSOffset + kDSBytes;  // [stage][BlockM] floats
+    static constexpr int kSmemLseOffset = kSmemDSOffset + kDSBuffers * kDSBytes;  // [stage][BlockM]
     static constexpr int kSmemDOffset = kSmemLseOffset + kStages * BlockM * 4;
     static constexpr int kSmemBarOffset = kSmemDOffset + kStages * BlockM * 4;
     // mbarriers: full K/V, then per stage full Q, empty Q.
@@ -110,7 +118,9 @@ struct BwdSm90Smem {
         return base + Traits::kSmemQOffset + stage * 2 * Traits::kQBytes;
     }
     __device__ __forceinline__ uint32_t d_o(int stage) const { return q(stage) + Traits::kQBytes; }
-    __device__ __forceinline__ uint32_t ds() const { return base + Traits::kSmemDSOffset; }
+    __device__ __forceinline__ uint32_t ds(int buffer) const {
+        return base + Traits::kSmemDSOffset + buffer * Traits::kDSBytes;
+    }
     __device__ __forceinline__ uint32_t lse(int stage) const {
         return base + Traits::kSmemLseOffset + stage * Traits::kBlockM * 4;
     }
@@ -255,7 +265,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const uint32_t rows_offset = ptx::opaque(static_cast<uint32_t>(64 * c * 128));
         const uint32_t k_rows = smem.k() + rows_offset;
         const uint32_t v_rows = smem.v() + rows_offset;
-        const uint32_t ds_rows = smem.ds() + rows_offset;
+        const uint32_t ds_buffer = smem.ds(Traits::kDSBuffers > 1 ? it % 2 : 0);
+        const uint32_t ds_rows = ds_buffer + rows_offset;
         wait_phase(smem.full_q(stage), (it / kStages) & 1);
 
         // S^T = K Q^T and dP^T = V dO^T: k16 step ks reads 32 bytes into the rows of slab ks / 4.
@@ -371,21 +382,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_operand(acc_dk);
         ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
 
-        // dQ (64 queries x HeadDim) = dS (queries x this warpgroup's 64 keys) K (keys x HeadDim),
-        // one 64-column slab at a time (32 accumulators, next to dK and dV's 2 x HeadDim / 2):
-        // A = dS^T rows (MN-major: k = keys, 16 of them = 2048 bytes per step), B = the slab of
-        // K rows (MN-major). Rows = queries 16 w + g (+ 8) of the block, columns 8 nt + 2 q (+ 1).
+        // dQ = dS K, 64 columns at a time (32 accumulators next to dK and dV): A = dS^T rows
+        // (MN-major: k = keys, 16 of them = 2048 bytes per step), B = K rows of the slab
+        // (MN-major). Rows = queries 16 w + g (+ 8) of the block, columns 8 nt + 2 q (+ 1).
         const int g = lane / 4, q = lane % 4;
-#pragma unroll
-        for (int slab = 0; slab < kSlabs; ++slab) {
+        auto dq_slab = [&](int slab, uint32_t a_rows, uint32_t b_rows, int k_steps) {
             float acc_dq[32];
             ptx90::fence_operand(acc_dq);
             ptx90::wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < 64 / 16; ++kk) {
+            for (int kk = 0; kk < k_steps; ++kk) {
                 ptx90::wgmma_ss<64, Element, true, true>(
-                    acc_dq, ptx90::make_smem_desc_sw128(ds_rows + 2048 * kk),
-                    ptx90::make_smem_desc_sw128(k_rows + slab * Traits::kKVSlabBytes + 2048 * kk),
+                    acc_dq, ptx90::make_smem_desc_sw128(a_rows + 2048 * kk),
+                    ptx90::make_smem_desc_sw128(b_rows + slab * Traits::kKVSlabBytes + 2048 * kk),
                     kk > 0);
             }
             ptx90::wgmma_commit();
@@ -403,6 +412,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                        acc_dq[4 * nt + 2 * half + 1]);
                 }
             }
+        };
+        if constexpr (Traits::kDqSplitN) {
+            // Both warpgroups' dS^T rows are written (and fenced for the async proxy): slab c
+            // over all kBlockN keys.
+            ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
+            dq_slab(c, ds_buffer, smem.k() + ptx::opaque(0u), kBlockN / 16);
+        } else {
+#pragma unroll
+            for (int slab = 0; slab < kSlabs; ++slab) dq_slab(slab, ds_rows, k_rows, 64 / 16);
         }
     }
 

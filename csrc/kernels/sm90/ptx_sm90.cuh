@@ -156,6 +156,15 @@ __device__ __forceinline__ void fence_operand(T (&r)[N]) {  // arrays of any ran
     for (int i = 0; i < N; ++i) fence_operand(r[i]);
 }
 
+// ---- named barriers ----
+
+// bar.sync id, threads: the `threads` threads (a multiple of 32) that use barrier `id` (1..15; 0
+// is __syncthreads) wait for each other, e.g. the consumer warpgroups of a warp-specialised
+// kernel without the producer.
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- registers ----
 
 // setmaxnreg.{dec,inc}.sync.aligned.u32: the warpgroup gives back / takes registers (producer

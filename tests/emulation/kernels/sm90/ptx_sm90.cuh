@@ -292,6 +292,20 @@ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
     detail::wgmma_impl<N, Element>(d, nullptr, a, desc_b, false, kTransB, accumulate);
 }
 
+// ---- named barriers ----
+
+inline void named_barrier_sync(uint32_t id, uint32_t threads) {
+    if (id == 0 || id > 15 || threads % 32 != 0) emu::fail("bar.sync: bad id or thread count", id);
+    std::barrier<>* bar;
+    {
+        std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
+        auto& slot = emu::block().named_barriers[id];
+        if (!slot) slot = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(threads));
+        bar = slot.get();
+    }
+    bar->arrive_and_wait();
+}
+
 // ---- registers ----
 
 template <int kRegs>
