@@ -41,7 +41,7 @@ def expect_all_passed(run):
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "0 failure(s)" in run.stdout
-    assert run.stdout.count("PASS ") == 11, run.stdout
+    assert run.stdout.count("PASS ") == 13, run.stdout
 
 
 def test_sm90_wrappers_compile(tmp_path):

@@ -95,6 +95,27 @@ __global__ void tma_kernel(const __grid_constant__ CUtensorMap map, int row0, ui
     for (int i = threadIdx.x; i < kTileBytes; i += kThreads) image[i] = smem[i];
 }
 
+// ---- 2b. TMA 4D load (the maps of the attention kernels: column, row, head, batch) of box
+// (0, row0, head, batch), 64 x 64, from a (b, s, h, 64) tensor: rows past s are zero-filled, and
+// the transaction bytes are the whole box's.
+__global__ void tma4d_kernel(const __grid_constant__ CUtensorMap map, int row0, int head,
+                             int batch, uint8_t* image, int* timed_out) {
+    uint8_t* smem = smem_1024();
+    const uint32_t bar = ptx::smem_addr(smem) + kBarOffset;
+    if (threadIdx.x == 0) {
+        ptx90::mbarrier_init(bar, 1);
+        ptx90::fence_barrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        ptx90::mbarrier_arrive_expect_tx(bar, kTileBytes);
+        ptx90::tma_load_4d(ptx::smem_addr(smem), &map, 0, row0, head, batch, bar);
+    }
+    if (!wait_bounded(bar, 0)) *timed_out = 1;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTileBytes; i += kThreads) image[i] = smem[i];
+}
+
 // Accumulator register i of warpgroup thread t: (row, column) of D (ptx_sm90.cuh header).
 __host__ __device__ inline int acc_row(int t, int i) {
     return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2);
@@ -347,6 +368,55 @@ int run_checks(Device& dev) {
         report("mbarrier wait completes (TMA 2D)", *timed_out == 0);
         report("TMA 2D load, 128-byte swizzle = sw128_offset", bad < 0);
         dev.release(image);
+    }
+
+    {  // 2b. TMA 4D: box (0, 64, 2, 1) of a (2, 100, 3, 64) tensor: rows 64..99, then zeros
+        constexpr int kB = 2, kS = 100, kH = 3;
+        std::vector<__nv_bfloat16> x(kB * kS * kH * kTile);
+        for (size_t i = 0; i < x.size(); ++i) {
+            x[i] = __float2bfloat16(static_cast<float>(static_cast<int>(i % 251) - 125));
+        }
+        __nv_bfloat16* x_dev = dev.upload(x);
+        flash_cuda::sm90::TensorMapDesc m;
+        m.base = x_dev;
+        m.rank = 4;
+        m.dims[0] = kTile;
+        m.dims[1] = kS;
+        m.dims[2] = kH;
+        m.dims[3] = kB;
+        m.strides_bytes[1] = kH * kTile * 2;
+        m.strides_bytes[2] = kTile * 2;
+        m.strides_bytes[3] = static_cast<uint64_t>(kS) * kH * kTile * 2;
+        m.box[0] = kTile;
+        m.box[1] = kTile;
+        CUtensorMap map;
+        if (flash_cuda::sm90::encode_tensor_map(&map, m) != 0) {
+            std::printf("tensor map (4D) rejected\n");
+            std::exit(2);
+        }
+        uint8_t* image = dev.upload(std::vector<uint8_t>(kTileBytes, 0xAB));
+        *timed_out = 0;
+        dev.launch(tma4d_kernel, map, kTile, 2, 1, image, timed_out);
+        const std::vector<uint8_t> img = dev.download(image, kTileBytes);
+        bool ok = true;
+        for (int r = 0; r < kTile && ok; ++r) {
+            for (int k = 0; k < kTile && ok; ++k) {
+                const int s = kTile + r;
+                uint16_t want = 0;
+                if (s < kS) std::memcpy(&want, &x[((1 * kS + s) * kH + 2) * kTile + k], 2);
+                uint16_t got;
+                std::memcpy(&got, &img[sw128_offset(r, k)], 2);
+                if (got != want) {
+                    std::printf("  TMA 4D image: row %d column %d is %04x, want %04x\n", r, k,
+                                got, want);
+                    ok = false;
+                }
+            }
+        }
+        report("mbarrier wait completes (TMA 4D)", *timed_out == 0);
+        report("TMA 4D load: coordinates (column, row, head, batch), rows past s zero", ok);
+        dev.release(image);
+        dev.release(x_dev);
     }
 
     // 3. wgmma SS, operands by st.shared and by TMA; N = 64 (B) and N = 128 (B^T = A, 16 atoms)

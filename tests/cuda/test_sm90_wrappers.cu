@@ -1,9 +1,12 @@
-// GPU run of the sm_90a wrapper checks (csrc/kernels/sm90/ptx_sm90.cuh, wgmma.cuh): mbarrier +
-// bulk copy, a TMA 2D load with the 128-byte swizzle, wgmma m64n{64,128}k16 from swizzled tiles
-// written by st.shared and by the TMA, and the register-A form with an MN-major B (P V) in one and
-// two 64-column slabs, and SS with both operands MN-major (the backward's dQ step). Kernels,
-// expectations and the check sequence: sm90_wrapper_kernels.cuh
-// (the CPU emulator runs the same, tests/emulation/sm90_wrappers_emulated.cpp).
+// GPU run of the sm_90a wrapper checks (csrc/kernels/sm90/ptx_sm90.cuh, wgmma.cuh):
+// - mbarrier + bulk copy;
+// - TMA 2D and 4D loads with the 128-byte swizzle (4D: the attention kernels' (column, row,
+//   head, batch) maps, zero fill past the rows);
+// - wgmma m64n{64,128}k16 from swizzled tiles written by st.shared and by the TMA; the
+//   register-A form with an MN-major B (P V) in one and two 64-column slabs; SS with both
+//   operands MN-major (the backward's dQ step).
+// Kernels, expectations and the check sequence: sm90_wrapper_kernels.cuh (the CPU emulator runs
+// the same, tests/emulation/sm90_wrappers_emulated.cpp).
 // Built and run by tests/test_sm90_wrappers.py:
 //   nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Itests/cuda \
 //       tests/cuda/test_sm90_wrappers.cu -o test_sm90_wrappers
