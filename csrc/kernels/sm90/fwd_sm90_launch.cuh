@@ -1,7 +1,8 @@
 // Host launcher of the sm90 forward kernel (kernels/sm90/fwd_sm90.cuh; declared in
 // kernels/launch.h). Included by the generated csrc/instantiations/fwd_hdim*_sm90.cu files, one
-// (Element, HeadDim, Causal) each, compiled for sm_90a only. Softcap and ALiBi become template
-// parameters here, as in the sm80 launcher; the rest is read from the params at run time.
+// (Element, HeadDim, Causal) each (compiled for every architecture of the build; the kernels
+// have a body in the sm_90a pass only). Softcap and ALiBi become template parameters here, as in
+// the sm80 launcher; the rest is read from the params at run time.
 #pragma once
 
 #include <cuda_runtime.h>
