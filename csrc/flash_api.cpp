@@ -17,9 +17,13 @@
 #include "kernels/sm90/fwd_sm90_host.h"
 #include "reference/reference.h"
 
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace flash_cuda {
 namespace {
@@ -63,12 +67,26 @@ bool head_dim_built(int hd) {
     }
 }
 
+// Compute capability (major, minor) of the tensor's device, asked of the runtime once per device
+// (every op call checks it).
+std::pair<int, int> compute_capability(const at::Tensor& t) {
+    constexpr int kMaxDevices = 64;
+    static std::array<std::atomic<int>, kMaxDevices> cached{};  // 10 major + minor + 1; 0: unknown
+    const int device = t.get_device();
+    int value = device >= 0 && device < kMaxDevices ? cached[device].load() : 0;
+    if (value == 0) {
+        int major = 0, minor = 0;
+        C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        value = 10 * major + minor + 1;
+        if (device >= 0 && device < kMaxDevices) cached[device].store(value);
+    }
+    return {(value - 1) / 10, (value - 1) % 10};
+}
+
 // The sm80 kernels run on compute capability 8.0 and newer.
 bool device_has_sm80_kernels(const at::Tensor& t) {
-    int major = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
-                                          t.get_device()));
-    return major >= 8;
+    return compute_capability(t).first >= 8;
 }
 
 // The kernels move rows in 16-byte pieces: the data pointer and every stride that is used
@@ -151,21 +169,38 @@ void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
 // FLASH_CUDA_SM90=1 in the environment routes the forward and backward calls they cover there,
 // =fwd the forward only, =plain the forward only, on its variant without overlap inside a
 // warpgroup. Read per call (a getenv), so tests and benchmarks can switch inside one process.
-// 0: off, 1: forward and backward, 2: plain forward, 3: forward.
-int sm90_fwd_mode() {
+enum class Sm90Mode { kOff, kForwardBackward, kForwardPlain, kForward };
+Sm90Mode sm90_mode() {
     const char* env = std::getenv("FLASH_CUDA_SM90");
-    if (env == nullptr) return 0;
+    if (env == nullptr) return Sm90Mode::kOff;
     const std::string value(env);
-    return value == "1" ? 1 : value == "plain" ? 2 : value == "fwd" ? 3 : 0;
+    return value == "1"       ? Sm90Mode::kForwardBackward
+           : value == "plain" ? Sm90Mode::kForwardPlain
+           : value == "fwd"   ? Sm90Mode::kForward
+                              : Sm90Mode::kOff;
 }
 
 // Compute capability 9.0 (H100 / H200): the sm_90a kernels run there only.
 bool device_is_sm90(const at::Tensor& t) {
-    int major = 0, minor = 0;
-    const int device = t.get_device();
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    return major == 9 && minor == 0;
+    return compute_capability(t) == std::pair<int, int>{9, 0};
+}
+
+// fn(std::integral_constant<int, HD>{}) for the head dims this build has kernels for and an sm90
+// kernel may cover (64, 128, 256); fn returns whether it ran one. False for any other head dim.
+template <typename Fn>
+bool with_sm90_head_dim([[maybe_unused]] int head_dim, [[maybe_unused]] Fn&& fn) {
+    switch (head_dim) {
+#ifdef FLASH_CUDA_HAS_HDIM_64
+        case 64: return fn(std::integral_constant<int, 64>{});
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_128
+        case 128: return fn(std::integral_constant<int, 128>{});
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_256
+        case 256: return fn(std::integral_constant<int, 256>{});
+#endif
+        default: return false;
+    }
 }
 
 // The forward of fwd / varlen_fwd: the sm90 kernel where the build has it (sm_90a), the device
@@ -173,32 +208,16 @@ bool device_is_sm90(const at::Tensor& t) {
 template <typename Element>
 void run_fwd_kernel(FwdParams& params, [[maybe_unused]] const at::Tensor& q, cudaStream_t stream) {
 #ifdef FLASH_CUDA_HAS_SM90
-    const int mode = sm90_fwd_mode();
-    if (mode != 0 && sm90::fwd_supports(params) && device_is_sm90(q)) {
-        params.sm90_plain = mode == 2;
-        const bool causal = params.is_causal;
-        switch (params.d) {
-#ifdef FLASH_CUDA_HAS_HDIM_64
-            case 64:
-                causal ? run_mha_fwd_sm90<Element, 64, true>(params, stream)
-                       : run_mha_fwd_sm90<Element, 64, false>(params, stream);
-                return;
-#endif
-#ifdef FLASH_CUDA_HAS_HDIM_128
-            case 128:
-                causal ? run_mha_fwd_sm90<Element, 128, true>(params, stream)
-                       : run_mha_fwd_sm90<Element, 128, false>(params, stream);
-                return;
-#endif
-#ifdef FLASH_CUDA_HAS_HDIM_256
-            case 256:
-                causal ? run_mha_fwd_sm90<Element, 256, true>(params, stream)
-                       : run_mha_fwd_sm90<Element, 256, false>(params, stream);
-                return;
-#endif
-            default:
-                break;
-        }
+    const Sm90Mode mode = sm90_mode();
+    if (mode != Sm90Mode::kOff && sm90::fwd_supports(params) && device_is_sm90(q)) {
+        params.sm90_plain = mode == Sm90Mode::kForwardPlain;
+        const bool ran = with_sm90_head_dim(params.d, [&](auto hd) {
+            constexpr int kHeadDim = decltype(hd)::value;
+            params.is_causal ? run_mha_fwd_sm90<Element, kHeadDim, true>(params, stream)
+                             : run_mha_fwd_sm90<Element, kHeadDim, false>(params, stream);
+            return true;
+        });
+        if (ran) return;
     }
 #endif
     run_fwd_sm80<Element>(params, params.d_rounded, stream);
@@ -387,29 +406,24 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 }
 
 // The backward main kernel: the sm90 one where the build has it (sm_90a), the device is sm_90,
-// FLASH_CUDA_SM90=1 (sm90_fwd_mode: the forward's switch; "fwd" / "plain" leave the backward on
-// sm80) and it covers the call (sm90::bwd_supports); else the sm80 kernels.
+// FLASH_CUDA_SM90=1 ("fwd" / "plain" leave the backward on sm80) and it covers the call
+// (sm90::bwd_supports); else the sm80 kernels.
 template <typename Element>
 void run_bwd_kernel(BwdParams& params, [[maybe_unused]] const at::Tensor& q, cudaStream_t stream) {
 #ifdef FLASH_CUDA_HAS_SM90
-    if (sm90_fwd_mode() == 1 && sm90::bwd_supports(params) && device_is_sm90(q)) {
-        const bool causal = params.is_causal;
-        switch (params.d) {
-#ifdef FLASH_CUDA_HAS_HDIM_64
-            case 64:
-                causal ? run_mha_bwd_sm90<Element, 64, true>(params, stream)
-                       : run_mha_bwd_sm90<Element, 64, false>(params, stream);
-                return;
-#endif
-#ifdef FLASH_CUDA_HAS_HDIM_128
-            case 128:
-                causal ? run_mha_bwd_sm90<Element, 128, true>(params, stream)
-                       : run_mha_bwd_sm90<Element, 128, false>(params, stream);
-                return;
-#endif
-            default:
-                break;
-        }
+    if (sm90_mode() == Sm90Mode::kForwardBackward && sm90::bwd_supports(params) &&
+        device_is_sm90(q)) {
+        const bool ran = with_sm90_head_dim(params.d, [&](auto hd) {
+            constexpr int kHeadDim = decltype(hd)::value;
+            if constexpr (sm90::bwd_head_dim_supported(kHeadDim)) {
+                params.is_causal ? run_mha_bwd_sm90<Element, kHeadDim, true>(params, stream)
+                                 : run_mha_bwd_sm90<Element, kHeadDim, false>(params, stream);
+                return true;
+            } else {
+                return false;
+            }
+        });
+        if (ran) return;
     }
 #endif
     run_bwd_sm80<Element>(params, params.d_rounded, stream);
@@ -504,7 +518,6 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
         params.cu_seqlens_q = cu_seqlens_q->data_ptr<int>();
         params.cu_seqlens_k = cu_seqlens_k->data_ptr<int>();
         params.unpadded_lse = true;
-        params.total_k = static_cast<int>(total_k);
     }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     dispatch_dtype(q.scalar_type(), [&](auto element) {

@@ -10,28 +10,15 @@ import pytest
 import torch
 
 import test_bwd_gpu as base
+from sm90_utils import SM90_GPU, sm90_kernel_runs
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available()
-                       or torch.cuda.get_device_capability() != (9, 0),
-                       reason="needs an sm_90 GPU (H100 / H200)"),
-]
+pytestmark = [pytest.mark.gpu, SM90_GPU]
 
 
 @pytest.fixture(autouse=True)
 def sm90_backward(monkeypatch):
-    """FLASH_CUDA_SM90=1 for the test; afterwards, the sm90 backward kernel must be among the
-    kernels it launched."""
-    from torch.profiler import ProfilerActivity, profile
-
-    monkeypatch.setenv("FLASH_CUDA_SM90", "1")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with sm90_kernel_runs(monkeypatch, "mha_bwd_sm90_kernel"):
         yield
-        torch.cuda.synchronize()
-    names = {event.name for event in prof.events()}
-    assert any("mha_bwd_sm90_kernel" in n for n in names), \
-        "the sm90 backward kernel did not run (was the extension built with FLASH_CUDA_ARCHS=90a?)"
 
 
 @pytest.mark.parametrize("ratio", base.GQA_RATIOS)

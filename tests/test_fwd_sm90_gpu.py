@@ -10,28 +10,15 @@ import pytest
 import torch
 
 import test_fwd_gpu as base
+from sm90_utils import SM90_GPU, sm90_kernel_runs
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available()
-                       or torch.cuda.get_device_capability() != (9, 0),
-                       reason="needs an sm_90 GPU (H100 / H200)"),
-]
+pytestmark = [pytest.mark.gpu, SM90_GPU]
 
 
 @pytest.fixture(autouse=True)
 def sm90_forward(monkeypatch):
-    """FLASH_CUDA_SM90=1 for the test (flash_api.cpp reads it per call); afterwards, the sm90
-    kernel must be among the kernels the test launched."""
-    from torch.profiler import ProfilerActivity, profile
-
-    monkeypatch.setenv("FLASH_CUDA_SM90", "1")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with sm90_kernel_runs(monkeypatch, "mha_fwd_sm90_kernel"):
         yield
-        torch.cuda.synchronize()
-    names = {event.name for event in prof.events()}
-    assert any("mha_fwd_sm90_kernel" in n for n in names), \
-        "the sm90 forward kernel did not run (was the extension built with FLASH_CUDA_ARCHS=90a?)"
 
 
 HEAD_DIMS = (64, 128, 256)

@@ -18,7 +18,7 @@
 
 #include "kernels/ptx.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
-#include "kernels/sm90/tensor_map.h"
+#include "kernels/sm90/fwd_sm90_host.h"  // encode_rows_map (and tensor_map.h)
 
 namespace sm90_check {
 
@@ -55,63 +55,52 @@ __device__ inline bool wait_bounded(uint32_t bar, uint32_t parity) {
     return false;
 }
 
-// ---- 1. bulk copy of 16 KB through an mbarrier, then the smem copied back out.
-__global__ void bulk_copy_kernel(const uint4* src, uint4* dst, int* timed_out) {
-    uint8_t* smem = smem_1024();
-    const uint32_t buf = ptx::smem_addr(smem);
-    const uint32_t bar = buf + kBarOffset;
+// One mbarrier phase of copies: thread 0 initialises the barrier, then (after a CTA barrier)
+// announces `bytes` and runs issue(), the copies that complete them; every thread waits for the
+// phase (bounded). False when the wait gave up.
+template <typename Issue>
+__device__ bool copy_one_phase(uint32_t bar, uint32_t bytes, Issue&& issue) {
     if (threadIdx.x == 0) {
         ptx90::mbarrier_init(bar, 1);
         ptx90::fence_barrier_init();
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        ptx90::mbarrier_arrive_expect_tx(bar, kBulkBytes);
-        ptx90::bulk_copy_g2s(buf, src, kBulkBytes, bar);
+        ptx90::mbarrier_arrive_expect_tx(bar, bytes);
+        issue();
     }
-    if (!wait_bounded(bar, 0)) *timed_out = 1;
+    return wait_bounded(bar, 0);
+}
+
+// ---- 1. bulk copy of 16 KB through an mbarrier, then the smem copied back out.
+__global__ void bulk_copy_kernel(const uint4* src, uint4* dst, int* timed_out) {
+    const uint32_t buf = ptx::smem_addr(smem_1024());
+    const uint32_t bar = buf + kBarOffset;
+    const bool done =
+        copy_one_phase(bar, kBulkBytes, [&] { ptx90::bulk_copy_g2s(buf, src, kBulkBytes, bar); });
+    if (!done) *timed_out = 1;
     __syncthreads();
     for (int i = threadIdx.x; i < kBulkBytes / 16; i += kThreads) {
         dst[i] = ptx::ld_shared_16(buf + 16 * i);
     }
 }
 
-// ---- 2. TMA 2D load of box (0, row0) of a (rows, 64) bf16 tensor; the raw smem image out.
-__global__ void tma_kernel(const __grid_constant__ CUtensorMap map, int row0, uint8_t* image,
-                           int* timed_out) {
+// ---- 2. TMA load of one 64 x 64 box; the raw smem image out. rank 2: box (0, c1) of a
+// (rows, 64) tensor; rank 4 (the maps of the attention kernels: column, row, head, batch): box
+// (0, c1, c2, c3) of a (b, s, h, 64) tensor, rows past s zero-filled and the transaction bytes
+// the whole box's.
+__global__ void tma_kernel(const __grid_constant__ CUtensorMap map, int rank, int c1, int c2,
+                           int c3, uint8_t* image, int* timed_out) {
     uint8_t* smem = smem_1024();
-    const uint32_t bar = ptx::smem_addr(smem) + kBarOffset;
-    if (threadIdx.x == 0) {
-        ptx90::mbarrier_init(bar, 1);
-        ptx90::fence_barrier_init();
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        ptx90::mbarrier_arrive_expect_tx(bar, kTileBytes);
-        ptx90::tma_load_2d(ptx::smem_addr(smem), &map, 0, row0, bar);
-    }
-    if (!wait_bounded(bar, 0)) *timed_out = 1;
-    __syncthreads();
-    for (int i = threadIdx.x; i < kTileBytes; i += kThreads) image[i] = smem[i];
-}
-
-// ---- 2b. TMA 4D load (the maps of the attention kernels: column, row, head, batch) of box
-// (0, row0, head, batch), 64 x 64, from a (b, s, h, 64) tensor: rows past s are zero-filled, and
-// the transaction bytes are the whole box's.
-__global__ void tma4d_kernel(const __grid_constant__ CUtensorMap map, int row0, int head,
-                             int batch, uint8_t* image, int* timed_out) {
-    uint8_t* smem = smem_1024();
-    const uint32_t bar = ptx::smem_addr(smem) + kBarOffset;
-    if (threadIdx.x == 0) {
-        ptx90::mbarrier_init(bar, 1);
-        ptx90::fence_barrier_init();
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        ptx90::mbarrier_arrive_expect_tx(bar, kTileBytes);
-        ptx90::tma_load_4d(ptx::smem_addr(smem), &map, 0, row0, head, batch, bar);
-    }
-    if (!wait_bounded(bar, 0)) *timed_out = 1;
+    const uint32_t dst = ptx::smem_addr(smem);
+    const bool done = copy_one_phase(dst + kBarOffset, kTileBytes, [&] {
+        if (rank == 2) {
+            ptx90::tma_load_2d(dst, &map, 0, c1, dst + kBarOffset);
+        } else {
+            ptx90::tma_load_4d(dst, &map, 0, c1, c2, c3, dst + kBarOffset);
+        }
+    });
+    if (!done) *timed_out = 1;
     __syncthreads();
     for (int i = threadIdx.x; i < kTileBytes; i += kThreads) image[i] = smem[i];
 }
@@ -138,20 +127,14 @@ __global__ void wgmma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b,
     const uint32_t bar = ptx::smem_addr(smem) + kBarOffset;
     const int t = threadIdx.x;
     if (via_tma) {
-        if (t == 0) {
-            ptx90::mbarrier_init(bar, 1);
-            ptx90::fence_barrier_init();
-        }
-        __syncthreads();
-        if (t == 0) {
-            ptx90::mbarrier_arrive_expect_tx(bar, (1 + N / kTile) * kTileBytes);
+        const bool done = copy_one_phase(bar, (1 + N / kTile) * kTileBytes, [&] {
             ptx90::tma_load_2d(ptx::smem_addr(sa), &a_map, 0, 0, bar);
             for (int box = 0; box < N / kTile; ++box) {
                 ptx90::tma_load_2d(ptx::smem_addr(sb) + box * kTileBytes, &b_map, 0, box * kTile,
                                    bar);
             }
-        }
-        if (!wait_bounded(bar, 0)) *timed_out = 1;
+        });
+        if (!done) *timed_out = 1;
     } else {
         for (int i = t; i < N * kTile; i += kThreads) {
             const int r = i / kTile, k = i % kTile;
@@ -362,7 +345,7 @@ int run_checks(Device& dev) {
     {  // 2. TMA load of the second 64-row box of A, smem image against sw128_offset
         uint8_t* image = dev.upload(std::vector<uint8_t>(kTileBytes, 0));
         *timed_out = 0;
-        dev.launch(tma_kernel, a_map, kTile, image, timed_out);
+        dev.launch(tma_kernel, a_map, 2, kTile, 0, 0, image, timed_out);
         const int bad = first_misplaced(dev.download(image, kTileBytes), in, kTile);
         if (bad >= 0) std::printf("  TMA image: element %d not at its swizzled offset\n", bad);
         report("mbarrier wait completes (TMA 2D)", *timed_out == 0);
@@ -370,33 +353,23 @@ int run_checks(Device& dev) {
         dev.release(image);
     }
 
-    {  // 2b. TMA 4D: box (0, 64, 2, 1) of a (2, 100, 3, 64) tensor: rows 64..99, then zeros
+    {  // 2b. TMA 4D through encode_rows_map: box (0, 64, 2, 1) of a (2, 100, 3, 64) tensor:
+       // rows 64..99, then zeros
         constexpr int kB = 2, kS = 100, kH = 3;
         std::vector<__nv_bfloat16> x(kB * kS * kH * kTile);
         for (size_t i = 0; i < x.size(); ++i) {
             x[i] = __float2bfloat16(static_cast<float>(static_cast<int>(i % 251) - 125));
         }
         __nv_bfloat16* x_dev = dev.upload(x);
-        flash_cuda::sm90::TensorMapDesc m;
-        m.base = x_dev;
-        m.rank = 4;
-        m.dims[0] = kTile;
-        m.dims[1] = kS;
-        m.dims[2] = kH;
-        m.dims[3] = kB;
-        m.strides_bytes[1] = kH * kTile * 2;
-        m.strides_bytes[2] = kTile * 2;
-        m.strides_bytes[3] = static_cast<uint64_t>(kS) * kH * kTile * 2;
-        m.box[0] = kTile;
-        m.box[1] = kTile;
-        CUtensorMap map;
-        if (flash_cuda::sm90::encode_tensor_map(&map, m) != 0) {
+        CUtensorMap map;  // the kernels' map builder (fwd_sm90_host.h), strides in elements
+        if (flash_cuda::sm90::encode_rows_map(&map, x_dev, kTile, kS, kH, kB, false, kH * kTile,
+                                              kTile, kS * kH * kTile, kTile) != 0) {
             std::printf("tensor map (4D) rejected\n");
             std::exit(2);
         }
         uint8_t* image = dev.upload(std::vector<uint8_t>(kTileBytes, 0xAB));
         *timed_out = 0;
-        dev.launch(tma4d_kernel, map, kTile, 2, 1, image, timed_out);
+        dev.launch(tma_kernel, map, 4, kTile, 2, 1, image, timed_out);
         const std::vector<uint8_t> img = dev.download(image, kTileBytes);
         bool ok = true;
         for (int r = 0; r < kTile && ok; ++r) {

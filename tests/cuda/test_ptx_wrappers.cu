@@ -10,19 +10,11 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda_ok.h"
 #include "kernels/ptx.cuh"
 #include "kernels/sm80/tile_io.cuh"
 
 using namespace flash_cuda;
-
-#define CUDA_OK(expr)                                                                       \
-    do {                                                                                    \
-        cudaError_t e_ = (expr);                                                            \
-        if (e_ != cudaSuccess) {                                                            \
-            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-            std::exit(2);                                                                   \
-        }                                                                                   \
-    } while (0)
 
 static int g_failures = 0;
 static void report(const char* name, bool ok) {

@@ -13,16 +13,8 @@
 // Prints one line per check and "N failure(s)"; exits 1 if any fails.
 #include <cuda_runtime.h>
 
+#include "cuda_ok.h"
 #include "sm90_wrapper_kernels.cuh"
-
-#define CUDA_OK(expr)                                                                       \
-    do {                                                                                    \
-        cudaError_t e_ = (expr);                                                            \
-        if (e_ != cudaSuccess) {                                                            \
-            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-            std::exit(2);                                                                   \
-        }                                                                                   \
-    } while (0)
 
 struct Gpu {
     template <typename T>

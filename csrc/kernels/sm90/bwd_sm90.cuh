@@ -273,24 +273,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_operand(acc_s);
         ptx90::fence_operand(acc_dp);
         ptx90::wgmma_fence();
+        // acc = A rows (this warpgroup's 64 keys of K or V) * B tile^T (Q or dO), one group.
+        auto ss_gemm = [&](float (&acc)[kBlockM / 2], uint32_t a_rows, uint32_t b_tile) {
 #pragma unroll
-        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-            const uint32_t offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
-            const uint32_t q_offset = (ks / 4) * Traits::kQSlabBytes + 32 * (ks % 4);
-            ptx90::wgmma_ss<kBlockM, Element>(acc_s, ptx90::make_smem_desc_sw128(k_rows + offset),
-                                              ptx90::make_smem_desc_sw128(smem.q(stage) + q_offset),
-                                              ks > 0);
-        }
-        ptx90::wgmma_commit();
-#pragma unroll
-        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-            const uint32_t offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
-            const uint32_t q_offset = (ks / 4) * Traits::kQSlabBytes + 32 * (ks % 4);
-            ptx90::wgmma_ss<kBlockM, Element>(
-                acc_dp, ptx90::make_smem_desc_sw128(v_rows + offset),
-                ptx90::make_smem_desc_sw128(smem.d_o(stage) + q_offset), ks > 0);
-        }
-        ptx90::wgmma_commit();
+            for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+                const uint32_t a_offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
+                const uint32_t b_offset = (ks / 4) * Traits::kQSlabBytes + 32 * (ks % 4);
+                ptx90::wgmma_ss<kBlockM, Element>(acc,
+                                                  ptx90::make_smem_desc_sw128(a_rows + a_offset),
+                                                  ptx90::make_smem_desc_sw128(b_tile + b_offset),
+                                                  ks > 0);
+            }
+            ptx90::wgmma_commit();
+        };
+        ss_gemm(acc_s, k_rows, smem.q(stage));
+        ss_gemm(acc_dp, v_rows, smem.d_o(stage));
 
         // P^T while dP^T accumulates. Element (nt, e): key key_row0 + lane / 4 + 8 (e / 2) of
         // the block, query column 8 nt + 2 (lane % 4) + (e % 2). The mask per key row as a range
@@ -362,20 +359,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_operand(p_frag);
         ptx90::fence_operand(ds_frag);
         ptx90::wgmma_fence();
+        // acc += frag (16 keys x 64 queries, A fragments) * the stage's tile `rows` (dO or Q).
+        auto rs_gemm = [&](float (&acc)[kHeadDim / 2], const uint32_t (&frag)[kBlockM / 16][4],
+                           uint32_t rows) {
 #pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) {
-            const uint32_t do_rows = smem.d_o(stage) + 2048 * kk;
-            ptx90::wgmma_rs<kHeadDim, Element, true>(
-                acc_dv, p_frag[0][kk], ptx90::make_smem_desc_sw128(do_rows, Traits::kQSlabBytes),
-                true);
-        }
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) {
-            const uint32_t q_rows = smem.q(stage) + 2048 * kk;
-            ptx90::wgmma_rs<kHeadDim, Element, true>(
-                acc_dk, ds_frag[0][kk], ptx90::make_smem_desc_sw128(q_rows, Traits::kQSlabBytes),
-                true);
-        }
+            for (int kk = 0; kk < kBlockM / 16; ++kk) {
+                ptx90::wgmma_rs<kHeadDim, Element, true>(
+                    acc, frag[kk],
+                    ptx90::make_smem_desc_sw128(rows + 2048 * kk, Traits::kQSlabBytes), true);
+            }
+        };
+        rs_gemm(acc_dv, p_frag[0], smem.d_o(stage));
+        rs_gemm(acc_dk, ds_frag[0], smem.q(stage));
         ptx90::wgmma_commit();
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dv);

@@ -26,19 +26,16 @@ inline bool bwd_supports(const BwdParams& p) {
            p.is_seqlens_k_cumulative && p.b <= 65535 && p.h <= 65535;
 }
 
-struct BwdTensorMaps {
-    CUtensorMap q, k, v, d_o;
+// The forward's q, k, v maps and one of dO.
+struct BwdTensorMaps : FwdTensorMaps {
+    CUtensorMap d_o;
 };
 
 // Boxes of q_box_rows rows for q and dO, kv_box_rows rows for k and v.
 inline int make_bwd_tensor_maps(const BwdParams& p, uint32_t q_box_rows, uint32_t kv_box_rows,
                                 BwdTensorMaps* maps) {
-    FwdTensorMaps fwd;
-    int r = make_fwd_tensor_maps(p, q_box_rows, kv_box_rows, &fwd);
+    const int r = make_fwd_tensor_maps(p, q_box_rows, kv_box_rows, maps);
     if (r != 0) return r;
-    maps->q = fwd.q;
-    maps->k = fwd.k;
-    maps->v = fwd.v;
     const bool varlen = p.cu_seqlens_q != nullptr;
     return encode_rows_map(&maps->d_o, p.do_ptr, p.d, varlen ? p.total_q : p.seqlen_q, p.h, p.b,
                            varlen, p.do_row_stride, p.do_head_stride, p.do_batch_stride,

@@ -7,17 +7,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/sm90/tensor_map_desc.h"
+
 namespace flash_cuda {
 namespace sm90 {
-
-struct TensorMapDesc {
-    const void* base = nullptr;
-    int rank = 2;
-    uint64_t dims[4] = {};
-    uint64_t strides_bytes[4] = {};
-    uint32_t box[4] = {1, 1, 1, 1};
-    uint32_t swizzle_bytes = 128;
-};
 
 constexpr uint64_t kEmuTensorMapMagic = 0x5445'4e53'4f52'4d41ull;  // "TENSORMA"
 
@@ -35,19 +28,6 @@ inline int encode_tensor_map(CUtensorMap* map, const TensorMapDesc& m) {
     std::memcpy(map, &kEmuTensorMapMagic, 8);
     std::memcpy(reinterpret_cast<unsigned char*>(map) + 8, &m, sizeof(m));
     return CUDA_SUCCESS;
-}
-
-inline TensorMapDesc matrix_map(const void* base, uint64_t rows, uint64_t cols,
-                                uint64_t row_stride_bytes, uint32_t box_rows, uint32_t box_cols) {
-    TensorMapDesc m;
-    m.base = base;
-    m.rank = 2;
-    m.dims[0] = cols;
-    m.dims[1] = rows;
-    m.strides_bytes[1] = row_stride_bytes;
-    m.box[0] = box_cols;
-    m.box[1] = box_rows;
-    return m;
 }
 
 inline const TensorMapDesc& tensor_map_fields(const void* map) {
