@@ -61,10 +61,12 @@ from bench_plan import (DECODE_GRID_MAX_GB, build_plan, estimate_seconds, kv_byt
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
                  "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
-# flash_cuda with FLASH_CUDA_SM90 set: flash_cuda_sm90 =1 (the sm90 forward and backward where
-# they cover the call), flash_cuda_sm90fwd =fwd (the sm90 forward, the sm80 backward),
-# flash_cuda_sm90plain =plain (the sm90 forward without overlap inside a warpgroup).
-SM90_MODES = {"flash_cuda_sm90": "1", "flash_cuda_sm90fwd": "fwd", "flash_cuda_sm90plain": "plain"}
+# flash_cuda with FLASH_CUDA_SM90 set (flash_cuda alone: the default, the sm90 kernels on sm_90
+# where they cover the call): flash_cuda_sm80 =0 (the sm80 kernels, as on an A100),
+# flash_cuda_sm90 =1 (the default, named), flash_cuda_sm90fwd =fwd (the sm90 forward, the sm80
+# backward), flash_cuda_sm90plain =plain (the sm90 forward without overlap inside a warpgroup).
+SM90_MODES = {"flash_cuda_sm80": "0", "flash_cuda_sm90": "1", "flash_cuda_sm90fwd": "fwd",
+              "flash_cuda_sm90plain": "plain"}
 FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", *SM90_MODES)
 STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
                  "illegal instruction", "device-side assert", "launch timed out",

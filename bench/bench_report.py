@@ -6,7 +6,7 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
   section  grid | gqa | decode | decode_grid | memory
   case_id  the cell, e.g. "d128 s4096 b4 h16/16 causal"; `case` holds its numbers
   mode     fwd | fwdbwd | decode
-  impl     flash_cuda | flash_cuda_det | flash_cuda_sm90 | flash_cuda_sm90fwd |
+  impl     flash_cuda | flash_cuda_det | flash_cuda_sm80 | flash_cuda_sm90 | flash_cuda_sm90fwd |
            flash_cuda_sm90plain | flash_cuda_p<page> | flash_cuda_s<num_splits> | cudnn | fa2 |
            efficient | math
   status   ok | error | oom | skip | unavailable   (`note` says why)
@@ -21,6 +21,7 @@ import sys
 LABELS = {
     "flash_cuda": "flash_cuda",
     "flash_cuda_det": "flash_cuda det",
+    "flash_cuda_sm80": "flash_cuda sm80",
     "flash_cuda_sm90": "flash_cuda sm90",
     "flash_cuda_sm90fwd": "flash_cuda sm90 fwd",
     "flash_cuda_sm90plain": "flash_cuda sm90 plain",
@@ -29,8 +30,8 @@ LABELS = {
     "efficient": "xformers",
     "math": "standard",
 }
-IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "flash_cuda_sm90", "flash_cuda_sm90fwd",
-              "flash_cuda_sm90plain", "cudnn", "fa2", "efficient", "math"]
+IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90",
+              "flash_cuda_sm90fwd", "flash_cuda_sm90plain", "cudnn", "fa2", "efficient", "math"]
 STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 
 
@@ -124,10 +125,10 @@ def prefill_label(case: dict) -> list[str]:
 
 
 # Our implementations with ratio columns against the peers in the prefill tables.
-RATIO_IMPLS = (("flash_cuda", "fc"), ("flash_cuda_sm90", "sm90"), ("flash_cuda_sm90fwd", "sm90fwd"),
-               ("flash_cuda_sm90plain", "plain"))
-COMPACT_IMPLS = ("flash_cuda", "flash_cuda_sm90", "flash_cuda_sm90fwd", "flash_cuda_sm90plain",
-                 "cudnn", "fa2")
+RATIO_IMPLS = (("flash_cuda", "fc"), ("flash_cuda_sm80", "sm80"), ("flash_cuda_sm90", "sm90"),
+               ("flash_cuda_sm90fwd", "sm90fwd"), ("flash_cuda_sm90plain", "plain"))
+COMPACT_IMPLS = ("flash_cuda", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
+                 "flash_cuda_sm90plain", "cudnn", "fa2")
 
 
 def render_prefill(t: Table, section: str, compact: bool) -> list[str]:

@@ -165,19 +165,22 @@ void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_FWD_CASE
 }
 
-// The sm90 kernels (kernels/sm90: TMA, wgmma) are opt-in until they have run on the H200:
-// FLASH_CUDA_SM90=1 in the environment routes the forward and backward calls they cover there,
-// =fwd the forward only, =plain the forward only, on its variant without overlap inside a
-// warpgroup. Read per call (a getenv), so tests and benchmarks can switch inside one process.
+// The sm90 kernels (kernels/sm90: TMA, wgmma) run by default on sm_90 where they cover the
+// call. FLASH_CUDA_SM90 in the environment switches: =0 the sm80 kernels everywhere (what an
+// A100 runs), =fwd the sm90 forward only, =plain the sm90 forward only, on its variant without
+// overlap inside a warpgroup; unset or =1 the default. Read per call (a getenv), so tests and
+// benchmarks can switch inside one process.
 enum class Sm90Mode { kOff, kForwardBackward, kForwardPlain, kForward };
 Sm90Mode sm90_mode() {
     const char* env = std::getenv("FLASH_CUDA_SM90");
-    if (env == nullptr) return Sm90Mode::kOff;
+    if (env == nullptr) return Sm90Mode::kForwardBackward;
     const std::string value(env);
-    return value == "1"       ? Sm90Mode::kForwardBackward
-           : value == "plain" ? Sm90Mode::kForwardPlain
-           : value == "fwd"   ? Sm90Mode::kForward
-                              : Sm90Mode::kOff;
+    if (value.empty() || value == "1") return Sm90Mode::kForwardBackward;
+    if (value == "0") return Sm90Mode::kOff;
+    if (value == "fwd") return Sm90Mode::kForward;
+    if (value == "plain") return Sm90Mode::kForwardPlain;
+    TORCH_CHECK(false, "flash_cuda: environment variable FLASH_CUDA_SM90 must be unset, 1, 0, fwd "
+                "or plain, got '", value, "'");
 }
 
 // Compute capability 9.0 (H100 / H200): the sm_90a kernels run there only.
@@ -406,8 +409,8 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 }
 
 // The backward main kernel: the sm90 one where the build has it (sm_90a), the device is sm_90,
-// FLASH_CUDA_SM90=1 ("fwd" / "plain" leave the backward on sm80) and it covers the call
-// (sm90::bwd_supports); else the sm80 kernels.
+// FLASH_CUDA_SM90 is unset or 1 (0 / "fwd" / "plain" leave the backward on sm80) and it covers
+// the call (sm90::bwd_supports); else the sm80 kernels.
 template <typename Element>
 void run_bwd_kernel(BwdParams& params, [[maybe_unused]] const at::Tensor& q, cudaStream_t stream) {
 #ifdef FLASH_CUDA_HAS_SM90

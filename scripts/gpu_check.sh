@@ -11,6 +11,9 @@
 #   FIRST_TESTS   a pytest selection run before the others with its own short timeout
 #                 (FIRST_TIMEOUT, 150 s), e.g. new kernels' tests: a hang there costs little
 #   GPU_TESTS     pytest selection, e.g. "tests/test_fwd_gpu.py -k hdim128" (default: tests)
+#   SM80_TESTS    a pytest selection run again after the tests with FLASH_CUDA_SM90=0: the sm80
+#                 kernels (what an A100 runs) on the calls the sm90 ones take by default here,
+#                 e.g. "tests -k 'not sm90'"
 #   PYTEST_MAXFAIL (1)  stop after this many failing tests
 #   PYTEST_TIMEOUT (420)  BUILD_TIMEOUT (480)  BENCH_TIMEOUT (540)   seconds per step
 #   BENCH_ARGS    arguments of bench/bench_attention.py (default: --quick; --full: the grid)
@@ -71,40 +74,46 @@ if want "${SKIP_BUILD:-0}" build "${BUILD_TIMEOUT:-480}"; then
     echo "${SUMMARY[-1]}"
 fi
 
-# (b0) the FIRST_TESTS selection (marked gpu), short timeout
+# run_tests LABEL LOG [VAR=VALUE ...] -- PYTEST_ARGS...: a pytest run of the tests marked gpu,
+# with those environment variables, under timeout $t; its outcome goes to SUMMARY (and status).
+run_tests() {
+    local label=$1 log=$2 envs=() rc line
+    shift 2
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    echo "== $label: $* (timeout ${t}s)"
+    env "${envs[@]}" timeout "$t" python3 -m pytest "$@" -m gpu -q -p no:cacheprovider \
+        > "$OUT/$log" 2>&1
+    rc=$?
+    line=$(grep -E 'passed|failed|error|skipped|deselected|no tests ran' "$OUT/$log" | tail -1)
+    case $rc in
+        0) SUMMARY+=("$label: ok: $line") ;;
+        5) SUMMARY+=("$label: none selected: $line") ;;
+        124) status=1; SUMMARY+=("$label: TIMEOUT after ${t}s (a hang?): $line") ;;
+        *) status=1; SUMMARY+=("$label: FAILED (rc $rc): $line")
+           SUMMARY+=("$(grep -m 8 -E '^(FAILED|ERROR)|^E ' "$OUT/$log")") ;;
+    esac
+    echo "${SUMMARY[-1]}"
+}
+
+# (b0) the FIRST_TESTS selection, short timeout
 if [ -n "${FIRST_TESTS:-}" ] && want "${SKIP_TESTS:-0}" first-tests "${FIRST_TIMEOUT:-150}"; then
     eval "first=(${FIRST_TESTS})"
-    echo "== first tests: ${first[*]} (timeout ${t}s)"
-    timeout "$t" python3 -m pytest "${first[@]}" -m gpu -q -p no:cacheprovider \
-        -o faulthandler_timeout=60 > "$OUT/first_tests.log" 2>&1
-    rc=$?
-    line=$(grep -E 'passed|failed|error|skipped|deselected|no tests ran' "$OUT/first_tests.log" |
-        tail -1)
-    case $rc in
-        0) SUMMARY+=("first tests: ok: $line") ;;
-        124) status=1; SUMMARY+=("first tests: TIMEOUT after ${t}s (a hang?): $line") ;;
-        *) status=1; SUMMARY+=("first tests: FAILED (rc $rc): $line")
-           SUMMARY+=("$(grep -m 8 -E '^(FAILED|ERROR)|^E ' "$OUT/first_tests.log")") ;;
-    esac
-    echo "${SUMMARY[-1]}"
+    run_tests "first tests" first_tests.log -- "${first[@]}" -o faulthandler_timeout=60
 fi
 
-# (b) GPU tests (marked gpu), stop at the first failure
+# (b) GPU tests, stop after PYTEST_MAXFAIL failures
 if want "${SKIP_TESTS:-0}" tests "${PYTEST_TIMEOUT:-420}"; then
     eval "selection=(${GPU_TESTS:-tests})"
-    echo "== tests: ${selection[*]} (timeout ${t}s)"
-    timeout "$t" python3 -m pytest "${selection[@]}" -m gpu --maxfail="${PYTEST_MAXFAIL:-1}" -q -p no:cacheprovider \
-        -o faulthandler_timeout=120 > "$OUT/tests.log" 2>&1
-    rc=$?
-    line=$(grep -E 'passed|failed|error|skipped|deselected|no tests ran' "$OUT/tests.log" | tail -1)
-    case $rc in
-        0) SUMMARY+=("tests: ok: $line") ;;
-        5) SUMMARY+=("tests: none selected: $line") ;;
-        124) status=1; SUMMARY+=("tests: TIMEOUT after ${t}s (a hang?): $line") ;;
-        *) status=1; SUMMARY+=("tests: FAILED (rc $rc): $line")
-           SUMMARY+=("$(grep -m 8 -E '^(FAILED|ERROR)|^E ' "$OUT/tests.log")") ;;
-    esac
-    echo "${SUMMARY[-1]}"
+    run_tests tests tests.log -- "${selection[@]}" --maxfail="${PYTEST_MAXFAIL:-1}" \
+        -o faulthandler_timeout=120
+fi
+
+# (b2) the SM80_TESTS selection with the sm90 kernels switched off
+if [ -n "${SM80_TESTS:-}" ] && want "${SKIP_TESTS:-0}" sm80-tests "${PYTEST_TIMEOUT:-420}"; then
+    eval "selection=(${SM80_TESTS})"
+    run_tests "sm80 tests (FLASH_CUDA_SM90=0)" sm80_tests.log FLASH_CUDA_SM90=0 -- \
+        "${selection[@]}" --maxfail="${PYTEST_MAXFAIL:-1}" -o faulthandler_timeout=120
 fi
 
 # (c) benchmark (it writes $OUT/bench.json after every measurement, $OUT/bench.md at the end)

@@ -1,8 +1,8 @@
-"""The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh) on the CPU emulator's Hopper instructions
-(tests/emulation/kernels/sm90), with the sm80 backward's preprocess and convert kernels around
-it, against the fp64 oracle (tests/emulation/check_bwd.py: the 3x rule of DESIGN.md section 9).
-Each case is one the kernel covers (head dim 64 / 128, no softcap, dropout or deterministic mode)
-and asserts it ran."""
+"""The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh, bwd_sm90_wide.cuh) on the CPU emulator's
+Hopper instructions (tests/emulation/kernels/sm90), with the sm80 backward's preprocess and convert
+kernels around it, against the fp64 oracle (tests/emulation/check_bwd.py: the 3x rule of DESIGN.md
+section 9). Each case is one the kernels cover (head dim 64 / 128 / 256, no softcap, dropout or
+deterministic mode) and asserts it ran."""
 
 from __future__ import annotations
 
@@ -42,6 +42,11 @@ CASES = [
     ((F16, 64, 0, 0, False, (-1, -1), 2, 1), {"varlen_lens": [(1, 1), (37, 90), (130, 70),
                                                                 (5, 200)]}),
     ((BF16, 128, 0, 0, True, (-1, -1), 2, 2), {"varlen_lens": [(70, 20), (1, 150), (64, 64)]}),
+    # d256: the wide kernel (bwd_sm90_wide.cuh), 64-key blocks.
+    ((BF16, 256, 113, 203, False, (-1, -1), 2, 1), {}),
+    ((F16, 256, 300, 200, True, (-1, -1), 4, 2), {}),
+    ((BF16, 256, 150, 260, False, (50, 3), 2, 1), {"alibi": True, "transpose": True}),
+    ((F16, 256, 0, 0, True, (-1, -1), 2, 1), {"varlen_lens": [(1, 70), (130, 65), (40, 1)]}),
 ]
 
 

@@ -1,8 +1,8 @@
-"""The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh: TMA, mbarriers, wgmma) on an sm_90 GPU: the
-backward GPU tests of test_bwd_gpu.py that it covers (head dims 64 and 128, no softcap, no
-dropout, not deterministic), run with FLASH_CUDA_SM90=1 (which also runs the sm90 forward where
-it covers the call), same oracle and 3x rule. Every test also checks with the profiler that the
-sm90 backward kernel ran."""
+"""The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh and, d256, bwd_sm90_wide.cuh: TMA, mbarriers,
+wgmma) on an sm_90 GPU: the backward GPU tests of test_bwd_gpu.py that it covers (head dims 64, 128
+and 256, no softcap, no dropout, not deterministic), run with FLASH_CUDA_SM90=1 (which also runs
+the sm90 forward where it covers the call), same oracle and 3x rule. Every test also checks with
+the profiler that an sm90 backward kernel ran."""
 
 from __future__ import annotations
 
@@ -13,45 +13,46 @@ import test_bwd_gpu as base
 from sm90_utils import SM90_GPU, sm90_kernel_runs
 
 pytestmark = [pytest.mark.gpu, SM90_GPU]
+HEAD_DIMS = (64, 128, 256)
 
 
 @pytest.fixture(autouse=True)
 def sm90_backward(monkeypatch):
-    with sm90_kernel_runs(monkeypatch, "mha_bwd_sm90_kernel"):
+    with sm90_kernel_runs(monkeypatch, "mha_bwd_sm90_"):
         yield
 
 
 @pytest.mark.parametrize("ratio", base.GQA_RATIOS)
 @pytest.mark.parametrize("mask", tuple(base.MASKS))
 @pytest.mark.parametrize("sq,sk", base.SEQLENS)
-@pytest.mark.parametrize("d", base.HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", base.DTYPES)
 def test_bwd_matches_oracle_sm90(dtype, d, sq, sk, mask, ratio):
     base.run_case(dtype, d, sq, sk, mask, ratio)
 
 
-@pytest.mark.parametrize("d", base.HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_bwd_non_contiguous_dout_sm90(d):
     base.test_bwd_non_contiguous_dout(d)
 
 
-@pytest.mark.parametrize("d", base.HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_bwd_strided_qkv_sm90(d):
     base.test_bwd_strided_qkv(d)
 
 
-@pytest.mark.parametrize("d", base.HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_bwd_rows_without_keys_sm90(d):
     base.test_bwd_rows_without_keys(d)
 
 
-@pytest.mark.parametrize("d", base.HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("ratio", base.GQA_RATIOS)
 def test_bwd_dk_dv_bitwise_reproducible_sm90(d, ratio):
     base.test_bwd_dk_dv_bitwise_reproducible(d, ratio)
 
 
-FEATURE_CASES = [c for c in base.FEATURE_CASES if c[0] in (64, 128) and "softcap" not in c[1]]
+FEATURE_CASES = [c for c in base.FEATURE_CASES if c[0] in HEAD_DIMS and "softcap" not in c[1]]
 
 
 @pytest.mark.parametrize("d,feature,dtype,seqlens,ratio,transposed", FEATURE_CASES,
@@ -60,7 +61,7 @@ def test_bwd_features_sm90(d, feature, dtype, seqlens, ratio, transposed):
     base.test_bwd_features(d, feature, dtype, seqlens, ratio, transposed)
 
 
-VARLEN_CASES = [(d, f, dtype, ratio) for d in (64, 128) for f in ("plain", "causal", "window",
+VARLEN_CASES = [(d, f, dtype, ratio) for d in HEAD_DIMS for f in ("plain", "causal", "window",
                                                                     "alibi")
                 for dtype, ratio in ((torch.float16, 1), (torch.bfloat16, 4))]
 

@@ -26,8 +26,8 @@ inline float atomicAdd(float* address, float value) {
 #include "kernels/sm80/bwd_v2.cuh"
 #include "kernels/sm80/bwd_tune_configs.h"
 #include "kernels/sm90/bwd_sm90_host.h"
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
-#include "kernels/sm90/bwd_sm90.cuh"
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
+#include "kernels/sm90/bwd_sm90_wide.cuh"
 #endif
 #include "host_io.h"
 #include "dropout_params.h"
@@ -113,7 +113,7 @@ void run_tile(BwdParams& params) {
 // preprocess and convert kernels as the sm80 backward. False when it did not run.
 template <typename Element, bool Causal, bool HasAlibi>
 bool run_sm90(BwdParams& params) {
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
     namespace s90 = flash_cuda::sm90;
     using namespace flash_cuda::sm80;
     const char* want = std::getenv("EMU_SM90");
@@ -133,8 +133,8 @@ bool run_sm90(BwdParams& params) {
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b, params.h);
     emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
         blockDim = dim3(Traits::kNThreads, 1, 1);
-        s90::mha_bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>(params, maps.q, maps.k, maps.v,
-                                                                    maps.d_o);
+        s90::bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>()(params, maps.q, maps.k, maps.v,
+                                                                  maps.d_o);
     });
     launch(dim3(4, params.h), 256, 0, &mha_bwd_convert_dq_kernel<Element, EMU_HEAD_DIM>, params);
     if (!params.dkv_direct) {

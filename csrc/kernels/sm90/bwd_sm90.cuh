@@ -50,7 +50,7 @@
 namespace flash_cuda {
 namespace sm90 {
 
-template <int HeadDim, int BlockM = 64, int BlockN = 128>
+template <int HeadDim, int BlockM = 64, int BlockN = (HeadDim > 128 ? 64 : 128)>
 struct BwdSm90Traits {
     static constexpr int kHeadDim = HeadDim;
     static constexpr int kBlockM = BlockM;  // queries per iteration
@@ -60,42 +60,53 @@ struct BwdSm90Traits {
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
     static constexpr int kSlabs = HeadDim / 64;  // 64-column slabs of Q, dO, K, V
+    // Wide (d256, bwd_sm90_wide.cuh): the consumer warpgroups split the head dim of dK, dV and
+    // dQ instead of the keys (64 x 256 fp32 of dK and dV would not fit one warpgroup), P^T goes
+    // through shared memory like dS^T.
+    static constexpr bool kWide = HeadDim > 128;
 
     static constexpr int kKVSlabBytes = BlockN * 128;
     static constexpr int kKVBytes = kSlabs * kKVSlabBytes;
     static constexpr int kQSlabBytes = BlockM * 128;
     static constexpr int kQBytes = kSlabs * kQSlabBytes;
-    // dS^T: BlockN key rows of BlockM = 64 queries (128 bytes).
+    // dS^T (and, wide, P^T): BlockN key rows of BlockM = 64 queries (128 bytes).
     static constexpr int kDSBytes = BlockN * 128;
-    // dQ split by columns (d128): warpgroup c computes columns 64 c .. 64 c + 63 over all 128
-    // keys, reading both warpgroups' dS^T rows (double-buffered, a named barrier per query
-    // block), so each dq_accum element gets one reduction per CTA instead of two. Otherwise
-    // (d64) each warpgroup reduces its own 64 keys' share of all columns.
-    static constexpr bool kDqSplitN = HeadDim == 128;
+    // dQ split by columns (d128, wide): warpgroup c computes columns 64 c .. 64 c + 63 (wide:
+    // 128 c ..) over all keys of the block, reading both warpgroups' dS^T rows (double-buffered,
+    // a named barrier per query block), so each dq_accum element gets one reduction per CTA
+    // instead of two. Otherwise (d64) each warpgroup reduces its own 64 keys' share of all
+    // columns.
+    static constexpr bool kDqSplitN = HeadDim >= 128;
     static constexpr int kDSBuffers = kDqSplitN ? 2 : 1;
+    static constexpr int kPBuffers = kWide ? 2 : 0;
 
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kKVBytes;
     static constexpr int kSmemQOffset = 2 * kKVBytes;  // stage s: Q, then dO
     static constexpr int kSmemDSOffset = kSmemQOffset + kStages * 2 * kQBytes;
-    static constexpr int kSmemLseOffset = kSmemDSOffset + kDSBuffers * kDSBytes;  // [stage][BlockM]
+    static constexpr int kSmemPOffset = kSmemDSOffset + kDSBuffers * kDSBytes;
+    static constexpr int kSmemLseOffset = kSmemPOffset + kPBuffers * kDSBytes;  // [stage][BlockM]
     static constexpr int kSmemDOffset = kSmemLseOffset + kStages * BlockM * 4;
     static constexpr int kSmemBarOffset = kSmemDOffset + kStages * BlockM * 4;
     // mbarriers: full K/V, then per stage full Q, empty Q.
     static constexpr int kNumBarriers = 1 + 2 * kStages;
     static constexpr int kSmemBytes = 1024 + kSmemBarOffset + 8 * kNumBarriers;
 
-    // The geometry of the sm80 P -> A-fragment helper: 16 key rows per warp, kBlockM queries
+    // Queries (columns of S^T) per consumer warpgroup: all 64, or wide half of them.
+    static constexpr int kCols = kWide ? BlockM / kConsumerWarpgroups : BlockM;
+    // The geometry of the sm80 P -> A-fragment helper: 16 key rows per warp, kCols queries
     // (the K dimension of dV += P^T dO).
     struct PTile {
         static constexpr int kMTiles = 1;
-        static constexpr int kBlockN = BlockM;
-        static constexpr int kNTiles = BlockM / 8;
+        static constexpr int kBlockN = kCols;
+        static constexpr int kNTiles = kCols / 8;
     };
 
-    static_assert(HeadDim == 64 || HeadDim == 128, "sm90 backward: head dims 64 and 128");
+    static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256,
+                  "sm90 backward: head dims 64, 128 and 256");
     static_assert(BlockM == 64, "dS^T rows are one 128-byte swizzle row of queries");
-    static_assert(BlockN == 64 * kConsumerWarpgroups, "64 keys per consumer warpgroup");
+    static_assert(kWide ? BlockN == 64 : BlockN == 64 * kConsumerWarpgroups,
+                  "64 keys per consumer warpgroup; wide: 64 keys shared by both");
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
 };
 
@@ -121,6 +132,9 @@ struct BwdSm90Smem {
     __device__ __forceinline__ uint32_t ds(int buffer) const {
         return base + Traits::kSmemDSOffset + buffer * Traits::kDSBytes;
     }
+    __device__ __forceinline__ uint32_t p(int buffer) const {
+        return base + Traits::kSmemPOffset + buffer * Traits::kDSBytes;
+    }
     __device__ __forceinline__ uint32_t lse(int stage) const {
         return base + Traits::kSmemLseOffset + stage * Traits::kBlockM * 4;
     }
@@ -139,6 +153,178 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
     return __uint_as_float(ptx::ld_shared_4(addr));
 }
 
+// ---- Pieces of the two backward kernels (this file's and bwd_sm90_wide.cuh's).
+
+// The producer warpgroup (see the header): warp 0, one thread, the TMA copies of K / V and of
+// each query block's Q / dO; warp 1 the block's lse (base 2) and D.
+template <typename Traits>
+__device__ __forceinline__ void bwd_sm90_produce(const BwdParams& params,
+                                                 const sm80::BwdSequence& seq,
+                                                 const sm80::BwdQueryBlocks& blocks,
+                                                 const BwdSm90Smem<Traits>& smem, int batch,
+                                                 int head, int n0, const CUtensorMap* q_map,
+                                                 const CUtensorMap* k_map,
+                                                 const CUtensorMap* v_map,
+                                                 const CUtensorMap* do_map) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kStages = Traits::kStages;
+    constexpr int kSlabs = Traits::kSlabs;
+    const int n_iters = blocks.max - blocks.min;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bool varlen = params.cu_seqlens_q != nullptr;
+    if (warp == 0 && lane == 0) {
+        const int q_row0 = varlen ? params.cu_seqlens_q[batch] : 0;
+        const int k_row0 = varlen ? params.cu_seqlens_k[batch] : 0;
+        const int map_batch = varlen ? 0 : batch;
+        const int kv_head = head / params.h_h_k_ratio;
+        ptx90::mbarrier_arrive_expect_tx(smem.full_kv(), 2 * Traits::kKVBytes);
+        for (int slab = 0; slab < kSlabs; ++slab) {
+            ptx90::tma_load_4d(smem.k() + slab * Traits::kKVSlabBytes, k_map, 64 * slab,
+                               k_row0 + n0, kv_head, map_batch, smem.full_kv());
+            ptx90::tma_load_4d(smem.v() + slab * Traits::kKVSlabBytes, v_map, 64 * slab,
+                               k_row0 + n0, kv_head, map_batch, smem.full_kv());
+        }
+        for (int it = 0; it < n_iters; ++it) {
+            const int stage = it % kStages;
+            const uint32_t phase = (it / kStages) & 1;
+            const int m0 = (blocks.min + it) * kBlockM;
+            // The consumers released this buffer (first round: passes at once).
+            wait_phase(smem.empty_q(stage), phase ^ 1);
+            ptx90::mbarrier_arrive_expect_tx(smem.full_q(stage), 2 * Traits::kQBytes);
+            for (int slab = 0; slab < kSlabs; ++slab) {
+                ptx90::tma_load_4d(smem.q(stage) + slab * Traits::kQSlabBytes, q_map,
+                                   64 * slab, q_row0 + m0, head, map_batch, smem.full_q(stage));
+                ptx90::tma_load_4d(smem.d_o(stage) + slab * Traits::kQSlabBytes, do_map,
+                                   64 * slab, q_row0 + m0, head, map_batch, smem.full_q(stage));
+            }
+        }
+    } else if (warp == 1) {
+        const float* lse = params.softmax_lse_ptr + seq.lse_row0;
+        const float* dsum = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
+        for (int it = 0; it < n_iters; ++it) {
+            const int stage = it % kStages;
+            const uint32_t phase = (it / kStages) & 1;
+            const int m0 = (blocks.min + it) * kBlockM;
+            wait_phase(smem.empty_q(stage), phase ^ 1);
+#pragma unroll
+            for (int j = lane; j < kBlockM; j += 32) {
+                const int query = m0 + j;
+                const bool in = query < seq.seqlen_q;
+                // Past the sequence: p = 2^(x - inf) = 0, so those rows add nothing.
+                ptx::st_shared_4(smem.lse(stage) + 4 * j,
+                                 __float_as_uint(in ? lse[query] * static_cast<float>(M_LOG2E)
+                                                    : INFINITY));
+                ptx::st_shared_4(smem.dsum(stage) + 4 * j,
+                                 __float_as_uint(in ? dsum[query] : 0.f));
+            }
+            ptx90::mbarrier_arrive(smem.full_q(stage));  // releases the stores above
+        }
+    }
+}
+
+// P^T = exp2(S^T scale log2(e) - lse) in place of S^T: 0 where the mask hides the key, ALiBi as
+// the forward. s: one warp's 16 key rows (key `key0` of the sequence + lane / 4 + 8 (e / 2)) by
+// kCols query columns; column 8 nt + 2 (lane % 4) + j is query col_base + 8 nt + j, whose lse
+// (base 2) is at lse_thread + 4 (8 nt + j). The mask per key row is a range of visible
+// columns [lo, hi] relative to col_base, so each element compares a constant (keys past the
+// sequence: an empty range): key >= query + begin_shift and key < min(seqlen_k, query +
+// end_shift).
+template <int kCols, bool HasAlibi>
+__device__ __forceinline__ void scores_to_probs(float (&s)[1][kCols / 8][4], int key0,
+                                                int col_base, const KeyRange& range,
+                                                const AttentionMask& mask, uint32_t lse_thread,
+                                                float score_log2, float alibi_slope_log2) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int key = ptx::opaque(key0 + 8 * half);
+        const int lo = key - range.end_shift + 1 - col_base;
+        const int hi = key < range.seqlen_k ? key - range.begin_shift - col_base : -1;
+        const int alibi_base = col_base + mask.diag - key;  // query + diag - key at offset 0
+#pragma unroll
+        for (int nt = 0; nt < kCols / 8; ++nt) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int offset = 8 * nt + j;
+                const float lse_log2 = ld_shared_f32(lse_thread + 4 * offset);
+                float dscore = 1.f;
+                const float x = sm80::bwd_score_log2_p<false, HasAlibi>(
+                    s[0][nt][2 * half + j], dscore, score_log2, 0.f, alibi_slope_log2,
+                    HasAlibi ? abs(alibi_base + offset) : 0, lse_log2);
+                const bool visible = offset >= lo && offset <= hi;
+                s[0][nt][2 * half + j] = visible ? ptx::exp2_approx(x) : 0.f;
+            }
+        }
+    }
+}
+
+// dS^T = P^T (dP^T - D) in place of dP^T; D of column 8 nt + j at dsum_thread + 4 (8 nt + j).
+template <int kCols>
+__device__ __forceinline__ void probs_to_dscores(float (&dp)[1][kCols / 8][4],
+                                                 const float (&p)[1][kCols / 8][4],
+                                                 uint32_t dsum_thread) {
+#pragma unroll
+    for (int nt = 0; nt < kCols / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float d = ld_shared_f32(dsum_thread + 4 * (8 * nt + (e % 2)));
+            dp[0][nt][e] = p[0][nt][e] * (dp[0][nt][e] - d);
+        }
+    }
+}
+
+// One warp's A fragments of 16 key rows (rows warp_row0 + g, + 8) by 16 kKTiles queries ->
+// shared memory rows of 128 bytes (64 queries, 128-byte swizzle) at `rows`, the queries from
+// 16-byte chunk chunk0 on: a K-major A (P^T for dV) or, read MN-major, the A of dQ (dS). frag[kk]
+// words: (row g, queries 16 kk + 2 q), (g + 8, ..), (g, 16 kk + 8 + 2 q), (g + 8, ..).
+template <int kKTiles>
+__device__ __forceinline__ void store_key_rows(uint32_t rows, const uint32_t (&frag)[kKTiles][4],
+                                               int warp_row0, int lane, int chunk0) {
+    const int g = lane / 4, q = lane % 4;
+#pragma unroll
+    for (int kk = 0; kk < kKTiles; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int row = warp_row0 + g + 8 * (r % 2);
+            const int chunk = chunk0 + 2 * kk + r / 2;
+            ptx::st_shared_4(rows + row * 128 + ((chunk ^ (row % 8)) << 4) + 4 * q, frag[kk][r]);
+        }
+    }
+}
+
+// dq_accum[m0 .., 64 slab ..] += dS K over 16 kKSteps keys, one 64-column slab (32 accumulators):
+// A = dS^T rows at a_rows (MN-major: k = keys, 16 of them = 2048 bytes per step), B = the K
+// slab's rows at b_rows (MN-major). Accumulator rows = queries m0 + 16 w + g (+ 8), columns
+// 8 nt + 2 q (+ 1); added with red.global.add.v2.f32, rows past seqlen_q skipped.
+template <typename Element, int kHeadDim, int kKSteps>
+__device__ __forceinline__ void dq_slab_reduce(float* dq_head, int m0, int seqlen_q, int slab,
+                                               uint32_t a_rows, uint32_t b_rows, int t) {
+    const int lane = t % 32, g = lane / 4, q = lane % 4;
+    float acc_dq[32];
+    ptx90::fence_operand(acc_dq);
+    ptx90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+        ptx90::wgmma_ss<64, Element, true, true>(acc_dq,
+                                                 ptx90::make_smem_desc_sw128(a_rows + 2048 * kk),
+                                                 ptx90::make_smem_desc_sw128(b_rows + 2048 * kk),
+                                                 kk > 0);
+    }
+    ptx90::wgmma_commit();
+    ptx90::wgmma_wait<0>();
+    ptx90::fence_operand(acc_dq);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int query = m0 + 16 * (t / 32) + g + 8 * half;
+        if (query >= seqlen_q) continue;
+        float* dq_row = dq_head + static_cast<int64_t>(query) * kHeadDim + 64 * slab + 2 * q;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            ptx::red_add_f32x2(dq_row + 8 * nt, acc_dq[4 * nt + 2 * half],
+                               acc_dq[4 * nt + 2 * half + 1]);
+        }
+    }
+}
+
 template <typename Element, typename Traits, bool Causal, bool HasAlibi>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_bwd_sm90_kernel(const __grid_constant__ BwdParams params,
@@ -155,6 +341,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kStages = Traits::kStages;
     constexpr int kSlabs = Traits::kSlabs;
     using PTile = typename Traits::PTile;
+    static_assert(!Traits::kWide, "d256: mha_bwd_sm90_wide_kernel");
 
     const BwdSm90Smem<Traits> smem = BwdSm90Smem<Traits>::make();
     const int tid = threadIdx.x;
@@ -184,56 +371,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (warpgroup == 0) {
         // ---- Producer.
         ptx90::setmaxnreg_dec<24>();
-        const int warp = tid / 32, lane = tid % 32;
-        const bool varlen = params.cu_seqlens_q != nullptr;
-        if (warp == 0 && lane == 0) {
-            const int q_row0 = varlen ? params.cu_seqlens_q[batch] : 0;
-            const int k_row0 = varlen ? params.cu_seqlens_k[batch] : 0;
-            const int map_batch = varlen ? 0 : batch;
-            const int kv_head = head / params.h_h_k_ratio;
-            ptx90::mbarrier_arrive_expect_tx(smem.full_kv(), 2 * Traits::kKVBytes);
-            for (int slab = 0; slab < kSlabs; ++slab) {
-                ptx90::tma_load_4d(smem.k() + slab * Traits::kKVSlabBytes, &k_map, 64 * slab,
-                                   k_row0 + n0, kv_head, map_batch, smem.full_kv());
-                ptx90::tma_load_4d(smem.v() + slab * Traits::kKVSlabBytes, &v_map, 64 * slab,
-                                   k_row0 + n0, kv_head, map_batch, smem.full_kv());
-            }
-            for (int it = 0; it < n_iters; ++it) {
-                const int stage = it % kStages;
-                const uint32_t phase = (it / kStages) & 1;
-                const int m0 = (blocks.min + it) * kBlockM;
-                // The consumers released this buffer (first round: passes at once).
-                wait_phase(smem.empty_q(stage), phase ^ 1);
-                ptx90::mbarrier_arrive_expect_tx(smem.full_q(stage), 2 * Traits::kQBytes);
-                for (int slab = 0; slab < kSlabs; ++slab) {
-                    ptx90::tma_load_4d(smem.q(stage) + slab * Traits::kQSlabBytes, &q_map,
-                                       64 * slab, q_row0 + m0, head, map_batch, smem.full_q(stage));
-                    ptx90::tma_load_4d(smem.d_o(stage) + slab * Traits::kQSlabBytes, &do_map,
-                                       64 * slab, q_row0 + m0, head, map_batch, smem.full_q(stage));
-                }
-            }
-        } else if (warp == 1) {
-            const float* lse = params.softmax_lse_ptr + seq.lse_row0;
-            const float* dsum = reinterpret_cast<const float*>(params.dsoftmax_sum) + seq.acc_row0;
-            for (int it = 0; it < n_iters; ++it) {
-                const int stage = it % kStages;
-                const uint32_t phase = (it / kStages) & 1;
-                const int m0 = (blocks.min + it) * kBlockM;
-                wait_phase(smem.empty_q(stage), phase ^ 1);
-#pragma unroll
-                for (int j = lane; j < kBlockM; j += 32) {
-                    const int query = m0 + j;
-                    const bool in = query < seq.seqlen_q;
-                    // Past the sequence: p = 2^(x - inf) = 0, so those rows add nothing.
-                    ptx::st_shared_4(smem.lse(stage) + 4 * j,
-                                     __float_as_uint(in ? lse[query] * static_cast<float>(M_LOG2E)
-                                                        : INFINITY));
-                    ptx::st_shared_4(smem.dsum(stage) + 4 * j,
-                                     __float_as_uint(in ? dsum[query] : 0.f));
-                }
-                ptx90::mbarrier_arrive(smem.full_q(stage));  // releases the stores above
-            }
-        }
+        bwd_sm90_produce<Traits>(params, seq, blocks, smem, batch, head, n0, &q_map, &k_map,
+                                 &v_map, &do_map);
         return;
     }
 
@@ -289,67 +428,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ss_gemm(acc_s, k_rows, smem.q(stage));
         ss_gemm(acc_dp, v_rows, smem.d_o(stage));
 
-        // P^T while dP^T accumulates. Element (nt, e): key key_row0 + lane / 4 + 8 (e / 2) of
-        // the block, query column 8 nt + 2 (lane % 4) + (e % 2). The mask per key row as a range
-        // of visible columns [lo, hi] relative to the thread's column 2 (lane % 4), so each
-        // element compares a constant (keys past the sequence: an empty range):
-        //   key >= query + begin_shift  and  key < min(seqlen_k, query + end_shift).
+        // P^T while dP^T accumulates, then dS^T.
         ptx90::wgmma_wait<1>();
         ptx90::fence_operand(acc_s);
-        const uint32_t lse_thread = smem.lse(stage) + 8 * (lane % 4);
-        const uint32_t dsum_thread = smem.dsum(stage) + 8 * (lane % 4);
-        const int col_base = ptx::opaque(m0 + 2 * (lane % 4));  // query of column offset 0
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int key = ptx::opaque(n0 + key_row0 + lane / 4 + 8 * half);
-            const int lo = key - range.end_shift + 1 - col_base;
-            const int hi = key < range.seqlen_k ? key - range.begin_shift - col_base : -1;
-            const int alibi_base = col_base + mask.diag - key;  // query + diag - key at offset 0
-#pragma unroll
-            for (int nt = 0; nt < kBlockM / 8; ++nt) {
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int offset = 8 * nt + j;
-                    const float lse_log2 = ld_shared_f32(lse_thread + 4 * offset);
-                    float dscore = 1.f;
-                    const float x = sm80::bwd_score_log2_p<false, HasAlibi>(
-                        s_frag[0][nt][2 * half + j], dscore, score_log2, 0.f, alibi_slope_log2,
-                        HasAlibi ? abs(alibi_base + offset) : 0, lse_log2);
-                    const bool visible = offset >= lo && offset <= hi;
-                    s_frag[0][nt][2 * half + j] = visible ? ptx::exp2_approx(x) : 0.f;
-                }
-            }
-        }
+        scores_to_probs<kBlockM, HasAlibi>(s_frag, n0 + key_row0 + lane / 4,
+                                           ptx::opaque(m0 + 2 * (lane % 4)), range, mask,
+                                           smem.lse(stage) + 8 * (lane % 4), score_log2,
+                                           alibi_slope_log2);
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dp);
-        // dS^T = P^T (dP^T - D) in place of dP^T.
-#pragma unroll
-        for (int nt = 0; nt < kBlockM / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float d = ld_shared_f32(dsum_thread + 4 * (8 * nt + (e % 2)));
-                dp_frag[0][nt][e] = s_frag[0][nt][e] * (dp_frag[0][nt][e] - d);
-            }
-        }
+        probs_to_dscores<kBlockM>(dp_frag, s_frag, smem.dsum(stage) + 8 * (lane % 4));
         sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
         sm80::convert_p_to_a_fragments<Element, PTile>(ds_frag, dp_frag);
 
         // dS^T -> shared memory, rows = keys, 128-byte rows of the 64 queries (swizzled): the
-        // MN-major A operand of dQ. ds_frag[kk] words: (row g, queries 16 kk + 2 q), (g + 8, ..),
-        // (g, 16 kk + 8 + 2 q), (g + 8, ..): the 16-byte chunk of query 8 j is j.
-        {
-            const int g = lane / 4, q = lane % 4;
-#pragma unroll
-            for (int kk = 0; kk < kBlockM / 16; ++kk) {
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const int row = 16 * (t / 32) + g + 8 * (r % 2);  // in this warpgroup's rows
-                    const int chunk = 2 * kk + r / 2;
-                    ptx::st_shared_4(ds_rows + row * 128 + ((chunk ^ (row % 8)) << 4) + 4 * q,
-                                     ds_frag[0][kk][r]);
-                }
-            }
-        }
+        // MN-major A operand of dQ.
+        store_key_rows(ds_rows, ds_frag[0], 16 * (t / 32), lane, 0);
         ptx90::fence_proxy_async_shared();  // the st.shared above, read by the dQ wgmma below
 
         // dV += P^T dO, dK += dS^T Q: B MN-major (rows = queries), k16 step = 16 query rows =
@@ -377,45 +471,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_operand(acc_dk);
         ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
 
-        // dQ = dS K, 64 columns at a time (32 accumulators next to dK and dV): A = dS^T rows
-        // (MN-major: k = keys, 16 of them = 2048 bytes per step), B = K rows of the slab
-        // (MN-major). Rows = queries 16 w + g (+ 8) of the block, columns 8 nt + 2 q (+ 1).
-        const int g = lane / 4, q = lane % 4;
-        auto dq_slab = [&](int slab, uint32_t a_rows, uint32_t b_rows, int k_steps) {
-            float acc_dq[32];
-            ptx90::fence_operand(acc_dq);
-            ptx90::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < k_steps; ++kk) {
-                ptx90::wgmma_ss<64, Element, true, true>(
-                    acc_dq, ptx90::make_smem_desc_sw128(a_rows + 2048 * kk),
-                    ptx90::make_smem_desc_sw128(b_rows + slab * Traits::kKVSlabBytes + 2048 * kk),
-                    kk > 0);
-            }
-            ptx90::wgmma_commit();
-            ptx90::wgmma_wait<0>();
-            ptx90::fence_operand(acc_dq);
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int query = m0 + 16 * (t / 32) + g + 8 * half;
-                if (query >= seq.seqlen_q) continue;
-                float* dq_row =
-                    dq_head + static_cast<int64_t>(query) * kHeadDim + 64 * slab + 2 * q;
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    ptx::red_add_f32x2(dq_row + 8 * nt, acc_dq[4 * nt + 2 * half],
-                                       acc_dq[4 * nt + 2 * half + 1]);
-                }
-            }
-        };
+        // dQ = dS K, 64 columns at a time (32 accumulators next to dK and dV).
         if constexpr (Traits::kDqSplitN) {
             // Both warpgroups' dS^T rows are written (and fenced for the async proxy): slab c
             // over all kBlockN keys.
             ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
-            dq_slab(c, ds_buffer, smem.k() + ptx::opaque(0u), kBlockN / 16);
+            dq_slab_reduce<Element, kHeadDim, kBlockN / 16>(
+                dq_head, m0, seq.seqlen_q, c, ds_buffer,
+                smem.k() + ptx::opaque(0u) + c * Traits::kKVSlabBytes, t);
         } else {
 #pragma unroll
-            for (int slab = 0; slab < kSlabs; ++slab) dq_slab(slab, ds_rows, k_rows, 64 / 16);
+            for (int slab = 0; slab < kSlabs; ++slab) {
+                dq_slab_reduce<Element, kHeadDim, 64 / 16>(dq_head, m0, seq.seqlen_q, slab,
+                                                           ds_rows,
+                                                           k_rows + slab * Traits::kKVSlabBytes, t);
+            }
         }
     }
 

@@ -12,9 +12,9 @@
 namespace flash_cuda {
 namespace sm90 {
 
-constexpr bool bwd_head_dim_supported(int d) { return d == 64 || d == 128; }
+constexpr bool bwd_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
 
-// Head dim 64 or 128 exactly, no softcap, no dropout, not deterministic (those stay on the sm80
+// Head dim 64, 128 or 256 exactly, no softcap, no dropout, not deterministic (those stay on the sm80
 // backward), at least one key row, grid limits; pointers and strides 16-byte aligned (the
 // caller's).
 inline bool bwd_supports(const BwdParams& p) {

@@ -11,7 +11,7 @@
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm80/bwd_steps.cuh"
-#include "kernels/sm90/bwd_sm90.cuh"
+#include "kernels/sm90/bwd_sm90_wide.cuh"  // and bwd_sm90.cuh
 #include "kernels/sm90/bwd_sm90_host.h"
 
 namespace flash_cuda {
@@ -20,7 +20,7 @@ namespace sm90 {
 
 template <typename Element, typename Traits, bool Causal, bool HasAlibi>
 void launch_bwd_sm90_kernel(BwdParams& params, const BwdTensorMaps& maps, cudaStream_t stream) {
-    auto kernel = &mha_bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>;
+    auto kernel = bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>();
     reserve_dynamic_smem(kernel, Traits::kSmemBytes, "sm90 backward kernel");
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b, params.h);
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, maps.q, maps.k, maps.v,

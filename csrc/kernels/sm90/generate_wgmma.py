@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pathlib
 
-NS = (64, 80, 128, 256)  # 80: the d256 tile's key block
+NS = (32, 64, 80, 128, 256)  # 32: d256 backward S^T; 80: d256 forward key block
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 HEADER = """\
@@ -130,7 +130,7 @@ def main() -> None:
     parts = [HEADER]
     for n in NS:
         for ctype, ptype in TYPES:
-            for trans_a, trans_b in ((False, False), (True, True)):
+            for trans_a, trans_b in ((False, False), (True, True), (False, True)):
                 parts.append(ss(n, ctype, ptype, trans_a, trans_b))
             parts.append(rs(n, ctype, ptype, False))
             parts.append(rs(n, ctype, ptype, True))

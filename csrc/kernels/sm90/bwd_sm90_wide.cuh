@@ -1,0 +1,210 @@
+// Backward main kernel on Hopper (sm_90a) for head dim 256: the consumer warpgroups split the
+// head dim instead of the keys. Producer, mbarriers, masking and the dS / P^T arithmetic are
+// bwd_sm90.cuh's; what differs is who computes what.
+//
+// At d256 the dK and dV of 64 keys are 2 x 64 x 256 fp32, 256 registers per thread of one
+// warpgroup: too many. So one CTA = kBlockN = 64 keys of one (batch, query head), and
+// consumer warpgroup c (of 2) owns columns 128 c .. 128 c + 127 of their dK and dV (128
+// registers). Per query block of 64 queries:
+//   S^T  = K Q_c^T, dP^T = V dO_c^T        wgmma SS (n32): all 64 keys x the warpgroup's 32
+//                                          queries 32 c .. 32 c + 31, contracted over d = 256
+//   P^T, dS^T                              as bwd_sm90.cuh (scores_to_probs, probs_to_dscores)
+//   P^T, dS^T -> shared memory             each warpgroup its 32 query columns of the 64 key
+//                                          rows (double-buffered), then a named barrier: both
+//                                          halves are needed by both warpgroups
+//   dV[:, 128 c..] += P^T dO[:, 128 c..]   wgmma SS (n128): A = P^T rows (K-major), B = dO
+//   dK[:, 128 c..] += dS^T Q[:, 128 c..]   MN-major from slab 2 c
+//   dQ[:, 128 c..] = dS K[:, 128 c..]      two 64-column slabs over all 64 keys (dq_slab_reduce):
+//                                          one fp32 reduction per dq_accum element per CTA
+// The double buffer of P^T / dS^T: a warpgroup writes buffer (it + 1) % 2 while the other may
+// still read buffer it % 2; it cannot write buffer it % 2 again before the other warpgroup has
+// reached the named barrier of it + 1, which it does after its last read of it % 2 (wgmma
+// wait 0 of its dQ).
+#pragma once
+
+#include "kernels/sm90/bwd_sm90.cuh"
+
+namespace flash_cuda {
+namespace sm90 {
+
+template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    mha_bwd_sm90_wide_kernel(const __grid_constant__ BwdParams params,
+                             const __grid_constant__ CUtensorMap q_map,
+                             const __grid_constant__ CUtensorMap k_map,
+                             const __grid_constant__ CUtensorMap v_map,
+                             const __grid_constant__ CUtensorMap do_map) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // no body outside sm_90a (see fwd_sm90.cuh)
+#else
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kStages = Traits::kStages;
+    constexpr int kCols = Traits::kCols;              // queries of S^T per warpgroup: 32
+    constexpr int kHalfD = kHeadDim / 2;              // columns of dK / dV per warpgroup: 128
+    constexpr int kSlabsPerWarpgroup = kHalfD / 64;   // 2
+    using PTile = typename Traits::PTile;
+    static_assert(Traits::kWide && kBlockN == 64 && kCols == 32, "the d256 geometry");
+
+    const BwdSm90Smem<Traits> smem = BwdSm90Smem<Traits>::make();
+    const int tid = threadIdx.x;
+    const int batch = blockIdx.y;
+    const int head = blockIdx.z;
+    const int n0 = blockIdx.x * kBlockN;  // first key of the block
+    const sm80::BwdSequence seq = sm80::BwdSequence::make(params, batch, head);
+    if (n0 >= seq.seqlen_k) return;  // varlen: this sequence has fewer keys
+    const int valid_keys = min(kBlockN, seq.seqlen_k - n0);
+    const AttentionMask mask = sm80::bwd_attention_mask<Causal>(params, seq);
+    const KeyRange range = KeyRange::make(mask);
+    const sm80::BwdQueryBlocks blocks =
+        sm80::BwdQueryBlocks::make<kBlockM>(range, n0, valid_keys, seq.seqlen_q);
+    const int n_iters = blocks.max - blocks.min;  // may be 0: dK = dV = 0
+
+    if (tid == 0) {
+        ptx90::mbarrier_init(smem.full_kv(), 1);
+        for (int s = 0; s < kStages; ++s) {
+            ptx90::mbarrier_init(smem.full_q(s), 1 + 32);  // the TMA thread + the lse/D warp
+            ptx90::mbarrier_init(smem.empty_q(s), Traits::kConsumerThreads);
+        }
+        ptx90::fence_barrier_init();
+    }
+    __syncthreads();  // the last CTA-wide barrier
+
+    const int warpgroup = tid / 128;
+    if (warpgroup == 0) {
+        ptx90::setmaxnreg_dec<24>();
+        bwd_sm90_produce<Traits>(params, seq, blocks, smem, batch, head, n0, &q_map, &k_map,
+                                 &v_map, &do_map);
+        return;
+    }
+
+    // ---- Consumers: warpgroup 1 + c owns head-dim columns 128 c .. of dK, dV and dQ, and the
+    // queries 32 c .. 32 c + 31 of each block's S^T / dP^T.
+    ptx90::setmaxnreg_inc<240>();
+    const int c = warpgroup - 1;
+    const int t = tid % 128;
+    const int lane = t % 32;
+    const int key_row0 = 16 * (t / 32);  // the warp's first key in the block
+    const float score_log2 = params.scale_softmax_log2;
+    const float alibi_slope_log2 = HasAlibi ? sm80::bwd_alibi_slope_log2(params, batch, head) : 0.f;
+    float* const dq_head = sm80::bwd_dq_head<kHeadDim>(params, seq);
+
+    float acc_dk[kHalfD / 2], acc_dv[kHalfD / 2];  // wgmma layout: the warp's 16 keys x 128
+#pragma unroll
+    for (int i = 0; i < kHalfD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+    float acc_s[kCols / 2], acc_dp[kCols / 2];  // S^T, dP^T (64 keys x 32 queries)
+    uint32_t p_frag[1][kCols / 16][4], ds_frag[1][kCols / 16][4];
+    auto& s_frag = *reinterpret_cast<float(*)[1][kCols / 8][4]>(&acc_s);
+    auto& dp_frag = *reinterpret_cast<float(*)[1][kCols / 8][4]>(&acc_dp);
+
+    wait_phase(smem.full_kv(), 0);
+    for (int it = 0; it < n_iters; ++it) {
+        const int stage = it % kStages;
+        const int m0 = (blocks.min + it) * kBlockM;
+        const uint32_t pt_rows = smem.p(it % 2);
+        const uint32_t ds_rows = smem.ds(it % 2);
+        // This warpgroup's 32 query rows of each Q / dO slab (4096 bytes: whole 1024-byte
+        // swizzle atoms) and its first slab of the head dim. Opaque, so that the descriptors
+        // are rebuilt in the loop rather than hoisted (see bwd_sm90.cuh).
+        const uint32_t query_rows = ptx::opaque(static_cast<uint32_t>(kCols * c * 128));
+        const uint32_t slab_offset = ptx::opaque(
+            static_cast<uint32_t>(kSlabsPerWarpgroup * c * Traits::kQSlabBytes));
+        wait_phase(smem.full_q(stage), (it / kStages) & 1);
+
+        // S^T = K Q_c^T and dP^T = V dO_c^T: k16 step ks reads 32 bytes into the rows of slab
+        // ks / 4.
+        ptx90::fence_operand(acc_s);
+        ptx90::fence_operand(acc_dp);
+        ptx90::wgmma_fence();
+        auto ss_gemm = [&](float (&acc)[kCols / 2], uint32_t a_tile, uint32_t b_rows) {
+#pragma unroll
+            for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+                const uint32_t a_offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
+                const uint32_t b_offset = (ks / 4) * Traits::kQSlabBytes + 32 * (ks % 4);
+                ptx90::wgmma_ss<kCols, Element>(acc,
+                                                ptx90::make_smem_desc_sw128(a_tile + a_offset),
+                                                ptx90::make_smem_desc_sw128(b_rows + b_offset),
+                                                ks > 0);
+            }
+            ptx90::wgmma_commit();
+        };
+        ss_gemm(acc_s, smem.k(), smem.q(stage) + query_rows);
+        ss_gemm(acc_dp, smem.v(), smem.d_o(stage) + query_rows);
+
+        // P^T while dP^T accumulates, then dS^T: columns are queries kCols c + ...
+        ptx90::wgmma_wait<1>();
+        ptx90::fence_operand(acc_s);
+        const uint32_t column_bytes = 4 * (kCols * c + 2 * (lane % 4));
+        scores_to_probs<kCols, HasAlibi>(s_frag, n0 + key_row0 + lane / 4,
+                                         ptx::opaque(m0 + kCols * c + 2 * (lane % 4)), range,
+                                         mask, smem.lse(stage) + column_bytes, score_log2,
+                                         alibi_slope_log2);
+        ptx90::wgmma_wait<0>();
+        ptx90::fence_operand(acc_dp);
+        probs_to_dscores<kCols>(dp_frag, s_frag, smem.dsum(stage) + column_bytes);
+        sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+        sm80::convert_p_to_a_fragments<Element, PTile>(ds_frag, dp_frag);
+
+        // P^T and dS^T -> shared memory: the warp's 16 key rows, this warpgroup's 32 queries
+        // (16-byte chunks 4 c .. 4 c + 3 of each 128-byte row).
+        store_key_rows(pt_rows, p_frag[0], key_row0, lane, 4 * c);
+        store_key_rows(ds_rows, ds_frag[0], key_row0, lane, 4 * c);
+        ptx90::fence_proxy_async_shared();  // the st.shared above, read by the wgmma below
+        ptx90::named_barrier_sync(1, Traits::kConsumerThreads);  // both warpgroups' halves
+
+        // dV += P^T dO, dK += dS^T Q on this warpgroup's 128 columns: A K-major (k16 step = 32
+        // bytes of the 128-byte rows), B MN-major (rows = queries, k16 step = 2048 bytes, the
+        // two 64-column slabs kQSlabBytes apart).
+        ptx90::fence_operand(acc_dv);
+        ptx90::fence_operand(acc_dk);
+        ptx90::wgmma_fence();
+        auto dkv_gemm = [&](float (&acc)[kHalfD / 2], uint32_t a_rows, uint32_t b_tile) {
+#pragma unroll
+            for (int kk = 0; kk < kBlockM / 16; ++kk) {
+                ptx90::wgmma_ss<kHalfD, Element, false, true>(
+                    acc, ptx90::make_smem_desc_sw128(a_rows + 32 * kk),
+                    ptx90::make_smem_desc_sw128(b_tile + slab_offset + 2048 * kk,
+                                                Traits::kQSlabBytes),
+                    true);
+            }
+        };
+        dkv_gemm(acc_dv, pt_rows, smem.d_o(stage));
+        dkv_gemm(acc_dk, ds_rows, smem.q(stage));
+        ptx90::wgmma_commit();
+        ptx90::wgmma_wait<0>();
+        ptx90::fence_operand(acc_dv);
+        ptx90::fence_operand(acc_dk);
+        ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
+
+        // dQ = dS K on this warpgroup's two slabs, over all 64 keys of the block.
+#pragma unroll
+        for (int i = 0; i < kSlabsPerWarpgroup; ++i) {
+            const int slab = kSlabsPerWarpgroup * c + i;
+            dq_slab_reduce<Element, kHeadDim, kBlockN / 16>(
+                dq_head, m0, seq.seqlen_q, slab, ds_rows,
+                smem.k() + ptx::opaque(static_cast<uint32_t>(slab * Traits::kKVSlabBytes)), t);
+        }
+    }
+
+    // ---- dK, dV: the warp's 16 keys, this warpgroup's 128 columns.
+    const auto& dk_frag = *reinterpret_cast<const float(*)[1][kHalfD / 8][4]>(&acc_dk);
+    const auto& dv_frag = *reinterpret_cast<const float(*)[1][kHalfD / 8][4]>(&acc_dv);
+    sm80::store_dk_dv<Element, kHeadDim, true, true>(params, batch, head, seq.kv_row0, n0, key_row0,
+                                                      kHalfD * c, lane, valid_keys, dk_frag,
+                                                      dv_frag);
+#endif  // sm_90a
+}
+
+// The main kernel for a Traits: the wide one at d256.
+template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+constexpr auto bwd_sm90_kernel() {
+    if constexpr (Traits::kWide) {
+        return &mha_bwd_sm90_wide_kernel<Element, Traits, Causal, HasAlibi>;
+    } else {
+        return &mha_bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>;
+    }
+}
+
+}  // namespace sm90
+}  // namespace flash_cuda
