@@ -408,25 +408,35 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_BWD_CASE
 }
 
-// The backward main kernel: the sm90 one where the build has it (sm_90a), the device is sm_90,
-// FLASH_CUDA_SM90 is unset or 1 (0 / "fwd" / "plain" leave the backward on sm80) and it covers
-// the call (sm90::bwd_supports); else the sm80 kernels.
-template <typename Element>
-void run_bwd_kernel(BwdParams& params, [[maybe_unused]] const at::Tensor& q, cudaStream_t stream) {
+// Whether the backward main kernel is the sm90 one: the build has it (sm_90a) for this head dim,
+// the device is sm_90, FLASH_CUDA_SM90 is unset or 1 (0 / "fwd" / "plain" leave the backward on
+// sm80) and it covers the call (sm90::bwd_supports); else the sm80 kernels run.
+bool sm90_bwd_covers([[maybe_unused]] const BwdParams& params,
+                     [[maybe_unused]] const at::Tensor& q) {
 #ifdef FLASH_CUDA_HAS_SM90
-    if (sm90_mode() == Sm90Mode::kForwardBackward && sm90::bwd_supports(params) &&
-        device_is_sm90(q)) {
-        const bool ran = with_sm90_head_dim(params.d, [&](auto hd) {
+    return sm90_mode() == Sm90Mode::kForwardBackward && sm90::bwd_supports(params) &&
+           device_is_sm90(q) && with_sm90_head_dim(params.d, [](auto hd) {
+               return sm90::bwd_head_dim_supported(decltype(hd)::value);
+           });
+#else
+    return false;
+#endif
+}
+
+// The backward main kernel (and the steps around it): sm90 where sm90_bwd_covers() said so.
+template <typename Element>
+void run_bwd_kernel(BwdParams& params, [[maybe_unused]] bool sm90, cudaStream_t stream) {
+#ifdef FLASH_CUDA_HAS_SM90
+    if (sm90) {
+        with_sm90_head_dim(params.d, [&](auto hd) {
             constexpr int kHeadDim = decltype(hd)::value;
             if constexpr (sm90::bwd_head_dim_supported(kHeadDim)) {
                 params.is_causal ? run_mha_bwd_sm90<Element, kHeadDim, true>(params, stream)
                                  : run_mha_bwd_sm90<Element, kHeadDim, false>(params, stream);
-                return true;
-            } else {
-                return false;
             }
+            return true;
         });
-        if (ran) return;
+        return;
     }
 #endif
     run_bwd_sm80<Element>(params, params.d_rounded, stream);
@@ -479,10 +489,21 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     const int64_t q_rows = varlen ? dims.total_q : dims.batch * params.seqlen_q_rounded;
     const int64_t dq_slice = varlen ? dims.heads * dims.total_q * hd
                                     : dims.batch * dims.heads * params.seqlen_q_rounded * hd;
-    const int splits = deterministic ? bwd_dq_splits(q, dims.batch * dims.heads, dims.seqlen_k,
-                                                     dq_slice * 4)
-                                     : 1;
+    // Deterministic dq: the sm90 kernel orders its CTAs' dQ additions with one semaphore per
+    // (batch, head, 64-query block) (bwd_sm90.cuh DqTurns); the sm80 one accumulates into
+    // `splits` slices.
+    params.deterministic = deterministic;
+    const bool sm90 = sm90_bwd_covers(params, q);
+    const int splits = deterministic && !sm90
+                           ? bwd_dq_splits(q, dims.batch * dims.heads, dims.seqlen_k, dq_slice * 4)
+                           : 1;
     at::Tensor dq_accum = at::zeros({splits * dq_slice}, f32);
+    at::Tensor dq_semaphore;
+    if (deterministic && sm90) {
+        dq_semaphore = at::zeros({dims.batch * dims.heads * (params.seqlen_q_rounded / 64)},
+                                 q.options().dtype(at::kInt));
+        params.dq_semaphore = dq_semaphore.data_ptr<int>();
+    }
     at::Tensor dk_accum, dv_accum;  // GQA only
     if (!dkv_direct && varlen) {  // zeroed: packed rows past cu_seqlens_k[b] belong to no sequence
         dk_accum = at::zeros({dims.heads, total_k, hd}, f32);
@@ -514,9 +535,8 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     params.dv_accum_ptr = dkv_direct ? nullptr : dv_accum.data_ptr();
     params.dkv_direct = dkv_direct;
     params.dsoftmax_sum = dsum.data_ptr();
-    params.deterministic = deterministic;
     params.num_splits = splits;
-    params.dq_accum_split_stride = deterministic ? dq_slice : 0;
+    params.dq_accum_split_stride = splits > 1 ? dq_slice : 0;
     if (varlen) {
         params.cu_seqlens_q = cu_seqlens_q->data_ptr<int>();
         params.cu_seqlens_k = cu_seqlens_k->data_ptr<int>();
@@ -524,7 +544,7 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     dispatch_dtype(q.scalar_type(), [&](auto element) {
-        run_bwd_kernel<decltype(element)>(params, q, stream);
+        run_bwd_kernel<decltype(element)>(params, sm90, stream);
     });
     return {unpad_head_dim(dq, dims.head_dim), unpad_head_dim(dk, dims.head_dim),
             unpad_head_dim(dv, dims.head_dim)};

@@ -47,6 +47,12 @@ CASES = [
     ((F16, 256, 300, 200, True, (-1, -1), 4, 2), {}),
     ((BF16, 256, 150, 260, False, (50, 3), 2, 1), {"alibi": True, "transpose": True}),
     ((F16, 256, 0, 0, True, (-1, -1), 2, 1), {"varlen_lens": [(1, 70), (130, 65), (40, 1)]}),
+    # deterministic (d128 / d256): dQ turns through the semaphores; the emulator also checks that
+    # every CTA passed every query block on (bwd_emulated.cpp).
+    ((BF16, 128, 300, 600, True, (-1, -1), 2, 1), {"deterministic": True, "splits": 3}),
+    ((F16, 256, 200, 150, False, (40, 7), 2, 2), {"deterministic": True}),
+    ((BF16, 128, 0, 0, True, (-1, -1), 2, 2), {"varlen_lens": [(70, 20), (1, 150), (130, 300)],
+                                               "deterministic": True}),
 ]
 
 

@@ -1,8 +1,8 @@
 """The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh and, d256, bwd_sm90_wide.cuh: TMA, mbarriers,
 wgmma) on an sm_90 GPU: the backward GPU tests of test_bwd_gpu.py that it covers (head dims 64, 128
-and 256, no softcap, no dropout, not deterministic), run with FLASH_CUDA_SM90=1 (which also runs
-the sm90 forward where it covers the call), same oracle and 3x rule. Every test also checks with
-the profiler that an sm90 backward kernel ran."""
+and 256, no softcap, no dropout; deterministic at 128 and 256), run with FLASH_CUDA_SM90=1 (which
+also runs the sm90 forward where it covers the call), same oracle and 3x rule. Every test also
+checks with the profiler that an sm90 backward kernel ran."""
 
 from __future__ import annotations
 
@@ -69,3 +69,34 @@ VARLEN_CASES = [(d, f, dtype, ratio) for d in HEAD_DIMS for f in ("plain", "caus
 @pytest.mark.parametrize("d,feature,dtype,ratio", VARLEN_CASES, ids=lambda x: str(x))
 def test_varlen_bwd_sm90(d, feature, dtype, ratio):
     base.run_varlen_case(dtype, d, feature, ratio, seed=d * 10 + base.FEATURES.index(feature))
+
+
+# deterministic=True at d128 / d256: the CTAs' dQ additions ordered by semaphores (DqTurns).
+@pytest.mark.parametrize("d,feature", [(128, "causal"), (128, "window"), (256, "plain"),
+                                       (256, "alibi")])
+def test_deterministic_bitwise_sm90(d, feature):
+    base.test_deterministic_bitwise(d, feature)
+
+
+@pytest.mark.parametrize("d", (128, 256))
+def test_varlen_deterministic_bitwise_sm90(d):
+    base.test_varlen_deterministic_bitwise(d)
+
+
+@pytest.mark.parametrize("d,causal", [(128, True), (256, False)])
+def test_deterministic_many_ctas_sm90(d, causal):
+    """Several waves of CTAs (b 2, h 16, 4096 keys: 1024 or 2048 CTAs on 132 SMs) wait on their
+    predecessors' dQ turns: no hang, bitwise identical over 5 runs, and close to the
+    non-deterministic result."""
+    dtype = torch.bfloat16
+    q, k, v, dout = base.make_inputs(dtype, d, 4096, 4096, 16, 16, b=2, seed=d)
+    kw = dict(causal=causal, window=(-1, -1), scale=d ** -0.5)
+    out, lse = base.fwd(q, k, v, **kw)
+    first = base.bwd(dout, q, k, v, out, lse, deterministic=True, **kw)
+    for _ in range(4):
+        again = base.bwd(dout, q, k, v, out, lse, deterministic=True, **kw)
+        for name, a, g in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, g), f"{name} differs between deterministic runs"
+    plain = base.bwd(dout, q, k, v, out, lse, deterministic=False, **kw)
+    assert torch.equal(first[1], plain[1]) and torch.equal(first[2], plain[2])  # dk, dv
+    torch.testing.assert_close(first[0], plain[0], rtol=1.6e-2, atol=1e-3)  # 1 bf16 ulp

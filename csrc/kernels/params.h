@@ -163,8 +163,10 @@ struct BwdParams : public FwdParams {
     // D = rowsum(dO * O), fp32 (b, h, seqlen_q_rounded).
     void* __restrict__ dsoftmax_sum;
 
-    // Deterministic mode (sm80 backward): num_splits dq_accum slices, dq_accum_split_stride
-    // floats apart, each accumulated by one CTA in a fixed order (bwd.cuh). dq_semaphore unused.
+    // Deterministic mode. sm80 backward: num_splits dq_accum slices, dq_accum_split_stride
+    // floats apart, each accumulated by one CTA in a fixed order (bwd.cuh). sm90 backward: one
+    // slice, and dq_semaphore (b, h, seqlen_q_rounded / 64) ints, zeroed, order the CTAs'
+    // additions per 64-query block (bwd_sm90.cuh DqTurns).
     int* __restrict__ dq_semaphore;
     bool deterministic;
     int64_t dq_accum_split_stride;

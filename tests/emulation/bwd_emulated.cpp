@@ -125,6 +125,14 @@ bool run_sm90(BwdParams& params) {
         std::exit(2);
     }
     std::printf("emulator: sm90 backward\n");
+    // Deterministic, as the host does for this kernel: one dq_accum slice, the semaphores zeroed.
+    GuardedBuffer semaphores(
+        params.deterministic ? 4 * params.b * params.h * (params.seqlen_q_rounded / 64) : 4, 0);
+    if (params.deterministic) {
+        params.num_splits = 1;
+        params.dq_accum_split_stride = 0;
+        params.dq_semaphore = reinterpret_cast<int*>(semaphores.data());
+    }
     const bool varlen = params.cu_seqlens_q != nullptr;
     const long long rows = varlen ? static_cast<long long>(params.h) * params.total_q
                                   : static_cast<long long>(params.b) * params.h * params.seqlen_q;
@@ -140,6 +148,30 @@ bool run_sm90(BwdParams& params) {
     if (!params.dkv_direct) {
         launch(dim3(4, params.h_k), 256, 0, &mha_bwd_convert_dkv_kernel<Element, EMU_HEAD_DIM>,
                params);
+    }
+    if (!semaphores.guards_intact()) {
+        std::fprintf(stderr, "emulation error: write outside the dq semaphores\n");
+        std::exit(3);
+    }
+    // Every key-block CTA of a sequence passed every query block of it on: semaphore m of
+    // (batch, head) ends at the sequence's number of key blocks.
+    for (int bi = 0; params.deterministic && bi < params.b; ++bi) {
+        const int lq = varlen ? params.cu_seqlens_q[bi + 1] - params.cu_seqlens_q[bi]
+                              : params.seqlen_q;
+        const int lk = varlen ? params.cu_seqlens_k[bi + 1] - params.cu_seqlens_k[bi]
+                              : params.seqlen_k;
+        for (int hi = 0; hi < params.h; ++hi) {
+            const int* sem = params.dq_semaphore +
+                             (static_cast<int64_t>(bi) * params.h + hi) *
+                                 (params.seqlen_q_rounded / 64);
+            for (int m = 0; m < (lq + 63) / 64; ++m) {
+                if (sem[m] != (lk + Traits::kBlockN - 1) / Traits::kBlockN) {
+                    std::fprintf(stderr, "emulation error: dq semaphore (%d, %d, %d) = %d\n", bi,
+                                 hi, m, sem[m]);
+                    std::exit(3);
+                }
+            }
+        }
     }
     return true;
 #else

@@ -165,6 +165,7 @@ void launch(dim3 grid, int threads, size_t smem_bytes, Kernel&& kernel) {
 }  // namespace emu
 
 inline void __syncthreads() { emu::block().barrier.arrive_and_wait(); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 [[noreturn]] inline void __trap() { emu::fail("__trap", 0); }
 inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) { emu::warp().barrier.arrive_and_wait(); }
 

@@ -28,8 +28,10 @@
 //   per-query-head workspaces (sm80/bwd_dkv_store.cuh).
 // Everything around it is the sm80 backward's (sm80/bwd_steps.cuh): the preprocess (D), the
 // dq_accum -> dq conversion, the GQA dk / dv sums; workspaces and params as bwd_launch.cuh says.
-// Not here (the launcher keeps these on sm80): softcap, dropout, deterministic, head dims other
-// than 64 / 128. Grid (key blocks, b, h).
+// deterministic=True (d128; d256 in bwd_sm90_wide.cuh): the dQ additions of the CTAs take turns
+// per query block (DqTurns below). Not here (the launcher keeps these on sm80): softcap,
+// dropout, deterministic at d64, head dims other than 64 / 128 / 256 (d256:
+// bwd_sm90_wide.cuh, which shares this file's traits and pieces). Grid (key blocks, b, h).
 #pragma once
 
 #include <cuda.h>
@@ -325,6 +327,51 @@ __device__ __forceinline__ void dq_slab_reduce(float* dq_head, int m0, int seqle
     }
 }
 
+// Deterministic dQ (params.deterministic; head dims whose dQ is split by columns, so one thread
+// per CTA adds to each dq_accum element). The CTAs of one (batch, head) add to the rows of each
+// 64-query block in the order of their key blocks: semaphore m of the (batch, head) holds how
+// many key-block CTAs are done with query block m. CTA n waits until it reads n, adds, and
+// writes n + 1; a query block it has no keys for it passes on the same way without adding.
+// CTA n waits only for lower CTAs of its (batch, head), dispatched before it: no deadlock.
+// One elected thread waits and writes; named barrier 2 (all consumer threads) spreads the turn
+// and collects the additions.
+struct DqTurns {
+    int* sem;      // the (batch, head)'s semaphores; nullptr when not deterministic
+    int n;         // this CTA's key block
+    int n_blocks;  // 64-query blocks of the sequence
+
+    __device__ __forceinline__ static DqTurns make(const BwdParams& params, int batch, int head,
+                                                   int seqlen_q) {
+        if (!params.deterministic) return DqTurns{nullptr, 0, 0};
+        const int64_t bh = static_cast<int64_t>(batch) * params.h + head;
+        return DqTurns{params.dq_semaphore + bh * (params.seqlen_q_rounded / 64),
+                       static_cast<int>(blockIdx.x), (seqlen_q + 63) / 64};
+    }
+    // The elected thread: passes on query blocks [lo, hi) without adding.
+    __device__ __forceinline__ void pass_range(int lo, int hi) const {
+        for (int m = lo; m < hi; ++m) {
+            ptx90::wait_global_equal(sem + m, n);
+            ptx90::store_release_global(sem + m, n + 1);
+        }
+    }
+    // All consumer threads, before adding to query block m (the it-th of the CTA's blocks
+    // [first, ..)): the elected thread first passes on the blocks before `first`, then waits.
+    __device__ __forceinline__ void acquire(int m, int it, int first, bool elected,
+                                            int consumer_threads) const {
+        if (elected) {
+            if (it == 0) pass_range(0, first);
+            ptx90::wait_global_equal(sem + m, n);
+        }
+        ptx90::named_barrier_sync(2, consumer_threads);
+    }
+    // All consumer threads, after their additions to query block m.
+    __device__ __forceinline__ void release(int m, bool elected, int consumer_threads) const {
+        __threadfence();
+        ptx90::named_barrier_sync(2, consumer_threads);
+        if (elected) ptx90::store_release_global(sem + m, n + 1);
+    }
+};
+
 template <typename Element, typename Traits, bool Causal, bool HasAlibi>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_bwd_sm90_kernel(const __grid_constant__ BwdParams params,
@@ -385,6 +432,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const float score_log2 = params.scale_softmax_log2;
     const float alibi_slope_log2 = HasAlibi ? sm80::bwd_alibi_slope_log2(params, batch, head) : 0.f;
     float* const dq_head = sm80::bwd_dq_head<kHeadDim>(params, seq);
+    const DqTurns turns = DqTurns::make(params, batch, head, seq.seqlen_q);  // deterministic
+    const bool elected = c == 0 && t == 0;
 
     float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];  // wgmma layout, rows = the warp's keys
 #pragma unroll
@@ -476,9 +525,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // Both warpgroups' dS^T rows are written (and fenced for the async proxy): slab c
             // over all kBlockN keys.
             ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
+            if (turns.sem != nullptr) {
+                turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
+            }
             dq_slab_reduce<Element, kHeadDim, kBlockN / 16>(
                 dq_head, m0, seq.seqlen_q, c, ds_buffer,
                 smem.k() + ptx::opaque(0u) + c * Traits::kKVSlabBytes, t);
+            if (turns.sem != nullptr) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
         } else {
 #pragma unroll
             for (int slab = 0; slab < kSlabs; ++slab) {
@@ -487,6 +540,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                            k_rows + slab * Traits::kKVSlabBytes, t);
             }
         }
+    }
+
+    if constexpr (Traits::kDqSplitN) {  // deterministic: the query blocks after this CTA's
+        if (turns.sem != nullptr && elected) turns.pass_range(n_iters > 0 ? blocks.max : 0,
+                                                              turns.n_blocks);
     }
 
     // ---- dK, dV of this warp's 16 keys.

@@ -89,6 +89,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const float score_log2 = params.scale_softmax_log2;
     const float alibi_slope_log2 = HasAlibi ? sm80::bwd_alibi_slope_log2(params, batch, head) : 0.f;
     float* const dq_head = sm80::bwd_dq_head<kHeadDim>(params, seq);
+    const DqTurns turns = DqTurns::make(params, batch, head, seq.seqlen_q);  // deterministic
+    const bool elected = c == 0 && t == 0;
 
     float acc_dk[kHalfD / 2], acc_dv[kHalfD / 2];  // wgmma layout: the warp's 16 keys x 128
 #pragma unroll
@@ -178,6 +180,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
 
         // dQ = dS K on this warpgroup's two slabs, over all 64 keys of the block.
+        if (turns.sem != nullptr) {
+            turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
+        }
 #pragma unroll
         for (int i = 0; i < kSlabsPerWarpgroup; ++i) {
             const int slab = kSlabsPerWarpgroup * c + i;
@@ -185,6 +190,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 dq_head, m0, seq.seqlen_q, slab, ds_rows,
                 smem.k() + ptx::opaque(static_cast<uint32_t>(slab * Traits::kKVSlabBytes)), t);
         }
+        if (turns.sem != nullptr) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
+    }
+    if (turns.sem != nullptr && elected) {  // deterministic: the query blocks after this CTA's
+        turns.pass_range(n_iters > 0 ? blocks.max : 0, turns.n_blocks);
     }
 
     // ---- dK, dV: the warp's 16 keys, this warpgroup's 128 columns.

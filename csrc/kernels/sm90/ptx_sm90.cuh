@@ -165,6 +165,21 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// ---- global flags (the deterministic backward's semaphores) ----
+
+// Spins until the int at `addr` (global memory) reads `value`, with acquire semantics at GPU
+// scope: what the writer did before its release is visible after.
+__device__ __forceinline__ void wait_global_equal(const int* addr, int value) {
+    int v;
+    do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
+    } while (v != value);
+}
+// st.release.gpu: `value` at `addr`, after every earlier memory operation of this thread.
+__device__ __forceinline__ void store_release_global(int* addr, int value) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(addr), "r"(value) : "memory");
+}
+
 // ---- registers ----
 
 // setmaxnreg.{dec,inc}.sync.aligned.u32: the warpgroup gives back / takes registers (producer

@@ -203,6 +203,33 @@ inline bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {
     return false;
 }
 
+// ---- global flags ----
+
+// The spin of the deterministic backward's semaphores. The emulator runs CTAs one after the
+// other in grid order, so a value that is not there at once arrives only if a CTA of this one's
+// own block writes it: a flag past `value` (the order broke) fails at once, one that stays below
+// fails after EMU_WAIT_SECONDS (a hang on the GPU).
+inline void wait_global_equal(const int* addr, int value) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+        const int v = std::atomic_ref<const int>(*addr).load(std::memory_order_acquire);
+        if (v == value) return;
+        if (v > value) {
+            std::fprintf(stderr, "semaphore: waiting for %d, found %d\n", value, v);
+            emu::fail("semaphore already past the awaited value", value);
+        }
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+            detail::wait_limit_seconds()) {
+            std::fprintf(stderr, "semaphore: waiting for %d, found %d\n", value, v);
+            emu::fail("semaphore wait never completed (a hang on the GPU)", value);
+        }
+        std::this_thread::yield();
+    }
+}
+inline void store_release_global(int* addr, int value) {
+    std::atomic_ref<int>(*addr).store(value, std::memory_order_release);
+}
+
 // ---- async proxy ----
 
 inline void fence_proxy_async_shared() {}
