@@ -9,7 +9,8 @@
 #   FLASH_CUDA_HEADDIMS  kernel head dims to build ("64,128"; default all)   FLASH_CUDA_ARCHS (90a)
 #   SKIP_BUILD=1  SKIP_TESTS=1  SKIP_BENCH=1     leave a step out
 #   FIRST_TESTS   a pytest selection run before the others with its own short timeout
-#                 (FIRST_TIMEOUT, 150 s), e.g. new kernels' tests: a hang there costs little
+#                 (FIRST_TIMEOUT, 150 s), e.g. new kernels' tests: a hang there costs little (and
+#                 the other test steps are then skipped)
 #   GPU_TESTS     pytest selection, e.g. "tests/test_fwd_gpu.py -k hdim128" (default: tests)
 #   SM80_TESTS    a pytest selection run again after the tests with FLASH_CUDA_SM90=0: the sm80
 #                 kernels (what an A100 runs) on the calls the sm90 ones take by default here,
@@ -94,12 +95,19 @@ run_tests() {
            SUMMARY+=("$(grep -m 8 -E '^(FAILED|ERROR)|^E ' "$OUT/$log")") ;;
     esac
     echo "${SUMMARY[-1]}"
+    return $rc
 }
 
 # (b0) the FIRST_TESTS selection, short timeout
 if [ -n "${FIRST_TESTS:-}" ] && want "${SKIP_TESTS:-0}" first-tests "${FIRST_TIMEOUT:-150}"; then
     eval "first=(${FIRST_TESTS})"
-    run_tests "first tests" first_tests.log -- "${first[@]}" -o faulthandler_timeout=60
+    first_rc=0
+    run_tests "first tests" first_tests.log -- "${first[@]}" -o faulthandler_timeout=60 ||
+        first_rc=$?
+    if [ "$first_rc" -eq 124 ]; then
+        SKIP_TESTS=1  # a hang there would hang the whole selection again
+        SUMMARY+=("tests: not run (the first selection timed out)")
+    fi
 fi
 
 # (b) GPU tests, stop after PYTEST_MAXFAIL failures
