@@ -327,17 +327,32 @@ __device__ __forceinline__ void dq_slab_reduce(float* dq_head, int m0, int seqle
     }
 }
 
+// The key block of this CTA, -1 past the sequence's (varlen). Deterministic: the CTAs take the
+// key blocks from the last one down, while their dQ turns (DqTurns) go up with blockIdx.x, the
+// dispatch order. A higher key block meets a given query block after fewer iterations when the
+// mask is causal or windowed (its first query block is later), so in that order each CTA's
+// turn comes about when it is ready; in the other, every CTA would wait for the one below.
+template <int kBlockN>
+__device__ __forceinline__ int bwd_sm90_key_block(const BwdParams& params,
+                                                  const sm80::BwdSequence& seq) {
+    const int n_blocks = (seq.seqlen_k + kBlockN - 1) / kBlockN;
+    const int x = static_cast<int>(blockIdx.x);
+    if (x >= n_blocks) return -1;
+    return params.deterministic ? n_blocks - 1 - x : x;
+}
+
 // Deterministic dQ (params.deterministic; head dims whose dQ is split by columns, so one thread
 // per CTA adds to each dq_accum element). The CTAs of one (batch, head) add to the rows of each
-// 64-query block in the order of their key blocks: semaphore m of the (batch, head) holds how
-// many key-block CTAs are done with query block m. CTA n waits until it reads n, adds, and
-// writes n + 1; a query block it has no keys for it passes on the same way without adding.
-// CTA n waits only for lower CTAs of its (batch, head), dispatched before it: no deadlock.
-// One elected thread waits and writes; named barrier 2 (all consumer threads) spreads the turn
-// and collects the additions.
+// 64-query block in a fixed order, their blockIdx.x (key blocks from the last one down,
+// bwd_sm90_key_block): semaphore m of the (batch, head) holds how many of its CTAs are done
+// with query block m. CTA n waits until it reads n, adds, and writes n + 1; a query block it
+// has no keys for it passes on the same way without adding. CTA n waits only for lower
+// blockIdx.x of its (batch, head), dispatched before it: no deadlock. One elected thread waits
+// and writes; named barrier 2 (all consumer threads) spreads the turn and collects the
+// additions.
 struct DqTurns {
     int* sem;      // the (batch, head)'s semaphores; nullptr when not deterministic
-    int n;         // this CTA's key block
+    int n;         // this CTA's turn: blockIdx.x
     int n_blocks;  // 64-query blocks of the sequence
 
     __device__ __forceinline__ static DqTurns make(const BwdParams& params, int batch, int head,
@@ -394,9 +409,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int batch = blockIdx.y;
     const int head = blockIdx.z;
-    const int n0 = blockIdx.x * kBlockN;  // first key of the block
     const sm80::BwdSequence seq = sm80::BwdSequence::make(params, batch, head);
-    if (n0 >= seq.seqlen_k) return;  // varlen: this sequence has fewer keys
+    const int n0 = bwd_sm90_key_block<kBlockN>(params, seq) * kBlockN;  // first key of the block
+    if (n0 < 0) return;  // varlen: this sequence has fewer key blocks
     const int valid_keys = min(kBlockN, seq.seqlen_k - n0);
     const AttentionMask mask = sm80::bwd_attention_mask<Causal>(params, seq);
     const KeyRange range = KeyRange::make(mask);
@@ -531,7 +546,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             dq_slab_reduce<Element, kHeadDim, kBlockN / 16>(
                 dq_head, m0, seq.seqlen_q, c, ds_buffer,
                 smem.k() + ptx::opaque(0u) + c * Traits::kKVSlabBytes, t);
-            if (turns.sem != nullptr) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
+            if (turns.sem != nullptr) {
+                turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
+            }
         } else {
 #pragma unroll
             for (int slab = 0; slab < kSlabs; ++slab) {

@@ -51,9 +51,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int batch = blockIdx.y;
     const int head = blockIdx.z;
-    const int n0 = blockIdx.x * kBlockN;  // first key of the block
     const sm80::BwdSequence seq = sm80::BwdSequence::make(params, batch, head);
-    if (n0 >= seq.seqlen_k) return;  // varlen: this sequence has fewer keys
+    const int n0 = bwd_sm90_key_block<kBlockN>(params, seq) * kBlockN;  // first key of the block
+    if (n0 < 0) return;  // varlen: this sequence has fewer key blocks
     const int valid_keys = min(kBlockN, seq.seqlen_k - n0);
     const AttentionMask mask = sm80::bwd_attention_mask<Causal>(params, seq);
     const KeyRange range = KeyRange::make(mask);
