@@ -13,18 +13,20 @@ namespace flash_cuda {
 template <typename Element>
 void run_combine_splits(const FwdParams& params, cudaStream_t stream) {
     const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
-    const int64_t blocks = (rows + combine::kWarpsPerBlock - 1) / combine::kWarpsPerBlock;
-    if (blocks == 0) return;
+    const combine::LaunchPlan plan = combine::launch_plan(rows, params.num_splits);
+    if (plan.blocks == 0) return;
     // float4 partial rows and 8-byte output groups where the layouts allow it.
     const bool vec4 = params.d % 4 == 0 && params.d_rounded % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(params.oaccum_ptr) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(params.o_ptr) % 8 == 0 &&
                       params.o_batch_stride % 4 == 0 && params.o_row_stride % 4 == 0 &&
                       params.o_head_stride % 4 == 0;
-    const auto kernel = vec4 ? &combine::combine_splits_kernel<Element, true>
-                             : &combine::combine_splits_kernel<Element, false>;
-    kernel<<<static_cast<unsigned>(blocks), combine::kWarpsPerBlock * 32, combine::kSmemBytes,
-             stream>>>(params);
+    const auto kernel =
+        plan.row_kernel ? (vec4 ? &combine::combine_splits_row_kernel<Element, true>
+                                : &combine::combine_splits_row_kernel<Element, false>)
+                        : (vec4 ? &combine::combine_splits_kernel<Element, true>
+                                : &combine::combine_splits_kernel<Element, false>);
+    kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.smem_bytes, stream>>>(params);
     FLASH_CUDA_CHECK_LAUNCH();
 }
 

@@ -17,6 +17,16 @@
 // to shared memory; then, with kVec4, each lane owns 4 consecutive columns (float4 loads, 8-byte
 // stores), so a 128-column row takes one pass over the splits with the loads of several splits
 // in flight; else one column per lane and pass (any d, any strides).
+//
+// With many splits and few rows (decode at small batch: e.g. 32 rows x 16-64 splits) the warp per
+// row leaves most of the GPU idle and walks its splits in several dependent rounds (8 float4
+// loads in flight per lane). combine_splits_row_kernel then takes one CTA of kRowWarps warps
+// per row: warp w merges splits w, w + kRowWarps, ... with an online softmax over chunks of
+// kRowChunk splits, loading each chunk's lse and partial rows together (one round trip per chunk,
+// usually one in all), and the warps' (max, sum, row) triples are merged through shared memory:
+//   M = max_w m_w,  L = sum_w l_w exp(m_w - M),  o = sum_w o_w exp(m_w - M) / L,  lse = M + log L
+// (o_w, l_w: warp w's sums of exp(lse_i - m_w) o_i and exp(lse_i - m_w)), the same formula
+// as above in another order. launch_plan() picks the kernel (combine.cu and the emulator).
 #pragma once
 
 #include <cmath>
@@ -33,6 +43,27 @@ constexpr int kWarpsPerBlock = 4;
 constexpr int kMaxSplits = 128;  // = decode::kMaxSplits
 constexpr int kSplitsPerLane = kMaxSplits / 32;
 constexpr int kSmemBytes = kWarpsPerBlock * kMaxSplits * static_cast<int>(sizeof(float));
+
+// The row kernel: warps per row (CTA), splits per warp and round trip, and its shared memory
+// (per warp: max, sum and one column pass of 128 floats).
+constexpr int kRowWarps = 4;
+constexpr int kRowChunk = 8;
+constexpr int kRowColsPerPass = 128;  // 32 lanes x 4 columns (float4), or 32 x 1 (scalar)
+constexpr int kRowSmemBytes = kRowWarps * (2 + kRowColsPerPass) * static_cast<int>(sizeof(float));
+
+// Which kernel merges `rows` rows of `splits` splits, and its launch shape. The row kernel where
+// the warp per row would walk its splits in more than one round (splits >= 8) and its CTAs
+// would not fill the GPU many times over (rows <= 4096: a CTA per row).
+struct LaunchPlan {
+    bool row_kernel;
+    int64_t blocks;
+    int threads;
+    int smem_bytes;
+};
+inline LaunchPlan launch_plan(int64_t rows, int splits) {
+    if (splits >= 8 && rows <= 4096) return {true, rows, kRowWarps * 32, kRowSmemBytes};
+    return {false, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, kSmemBytes};
+}
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
@@ -126,6 +157,129 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         }
     }
     if (lane == 0) params.softmax_lse_ptr[row] = lse;
+}
+
+// Output row (b, sq, h, d layout) of combine row `row` = (b, h, sq) flattened.
+template <typename Element>
+__device__ __forceinline__ Element* output_row(const FwdParams& params, int64_t row) {
+    const int64_t sq = params.seqlen_q, h = params.h;
+    const int64_t bi = row / (h * sq), hi = (row / sq) % h, qi = row % sq;
+    return reinterpret_cast<Element*>(params.o_ptr) + bi * params.o_batch_stride +
+           qi * params.o_row_stride + hi * params.o_head_stride;
+}
+
+// One CTA (kRowWarps warps) per row; see the top of the file. kVec4 as above: each lane owns 4
+// consecutive columns of a 128-column pass, else 1 of a 32-column pass.
+template <typename Element, bool kVec4>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    combine_splits_row_kernel(const FwdParams params) {
+    constexpr int kLaneCols = kVec4 ? 4 : 1;
+    constexpr int kColsPerPass = 32 * kLaneCols;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* smem = reinterpret_cast<float*>(ptx::dynamic_smem());
+    float* warp_max_s = smem;                   // [kRowWarps]
+    float* warp_sum_s = smem + kRowWarps;       // [kRowWarps]
+    float* warp_acc_s = smem + 2 * kRowWarps;   // [kRowWarps][kColsPerPass]
+    const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
+    const int64_t row = blockIdx.x;
+    const int splits = params.num_splits, d = params.d;
+    const float* lse_acc = params.softmax_lseaccum_ptr;
+    const int64_t row_stride = params.d_rounded;
+    const float* o_acc = reinterpret_cast<const float*>(params.oaccum_ptr) + row * row_stride;
+    const int64_t split_stride = rows * row_stride;
+    Element* out = output_row<Element>(params, row);
+
+    for (int c0 = 0; c0 < d; c0 += kColsPerPass) {
+        const int c = c0 + kLaneCols * lane;
+        const bool col_ok = c < d;  // (kVec4: d % 4 == 0, so then all 4 columns are < d)
+        // 1. This warp's splits, kRowChunk per round trip, merged online.
+        float m = -INFINITY, sum = 0.f, acc[kLaneCols];
+#pragma unroll
+        for (int k = 0; k < kLaneCols; ++k) acc[k] = 0.f;
+        for (int s0 = warp; s0 < splits; s0 += kRowWarps * kRowChunk) {
+            float l[kRowChunk], o[kRowChunk][kLaneCols];
+#pragma unroll
+            for (int j = 0; j < kRowChunk; ++j) {
+                const int s = s0 + kRowWarps * j;
+                const bool ok = s < splits;
+                l[j] = ok ? lse_acc[s * rows + row] : -INFINITY;
+                if constexpr (kVec4) {
+                    const float4 v = ok && col_ok ? *reinterpret_cast<const float4*>(
+                                                        o_acc + s * split_stride + c)
+                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+                    o[j][0] = v.x;
+                    o[j][1] = v.y;
+                    o[j][2] = v.z;
+                    o[j][3] = v.w;
+                } else {
+                    o[j][0] = ok && col_ok ? o_acc[s * split_stride + c] : 0.f;
+                }
+            }
+            float m_new = m;
+#pragma unroll
+            for (int j = 0; j < kRowChunk; ++j) m_new = fmaxf(m_new, l[j]);
+            if (m_new != -INFINITY) {  // else every split so far saw no key
+                const float rescale = m == -INFINITY ? 0.f : expf(m - m_new);
+                sum *= rescale;
+#pragma unroll
+                for (int k = 0; k < kLaneCols; ++k) acc[k] *= rescale;
+#pragma unroll
+                for (int j = 0; j < kRowChunk; ++j) {
+                    const float w = l[j] == -INFINITY ? 0.f : expf(l[j] - m_new);
+                    sum += w;
+#pragma unroll
+                    for (int k = 0; k < kLaneCols; ++k) acc[k] += w * o[j][k];
+                }
+                m = m_new;
+            }
+        }
+        // 2. The warps' partial results through shared memory; warp 0 merges and stores.
+        if (lane == 0) {
+            warp_max_s[warp] = m;
+            warp_sum_s[warp] = sum;
+        }
+#pragma unroll
+        for (int k = 0; k < kLaneCols; ++k) {
+            warp_acc_s[warp * kColsPerPass + kLaneCols * lane + k] = acc[k];
+        }
+        __syncthreads();
+        if (warp == 0) {
+            float row_max = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < kRowWarps; ++w) row_max = fmaxf(row_max, warp_max_s[w]);
+            float total = 0.f, merged[kLaneCols];
+#pragma unroll
+            for (int k = 0; k < kLaneCols; ++k) merged[k] = 0.f;
+            if (row_max != -INFINITY) {
+#pragma unroll
+                for (int w = 0; w < kRowWarps; ++w) {
+                    const float mw = warp_max_s[w];
+                    const float f = mw == -INFINITY ? 0.f : expf(mw - row_max);
+                    total += f * warp_sum_s[w];
+#pragma unroll
+                    for (int k = 0; k < kLaneCols; ++k) {
+                        merged[k] += f * warp_acc_s[w * kColsPerPass + kLaneCols * lane + k];
+                    }
+                }
+            }
+            const bool empty = row_max == -INFINITY || total == 0.f;
+            const float inv_total = empty ? 0.f : 1.f / total;
+            if (col_ok) {
+                if constexpr (kVec4) {
+                    store4<Element>(out + c, make_float4(merged[0] * inv_total,
+                                                         merged[1] * inv_total,
+                                                         merged[2] * inv_total,
+                                                         merged[3] * inv_total));
+                } else {
+                    out[c] = from_float<Element>(merged[0] * inv_total);
+                }
+            }
+            if (lane == 0 && c0 == 0) {
+                params.softmax_lse_ptr[row] = empty ? INFINITY : row_max + logf(total);
+            }
+        }
+        __syncthreads();  // shared memory is reused by the next column pass
+    }
 }
 
 }  // namespace combine

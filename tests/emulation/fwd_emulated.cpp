@@ -178,15 +178,21 @@ template <typename Element>
 void combine(const FwdParams& p) {
     namespace cb = flash_cuda::combine;
     const int64_t rows = static_cast<int64_t>(p.b) * p.h * p.seqlen_q;
-    const unsigned blocks = static_cast<unsigned>((rows + cb::kWarpsPerBlock - 1) / cb::kWarpsPerBlock);
+    const cb::LaunchPlan plan = cb::launch_plan(rows, p.num_splits);
     const bool vec4 = p.d % 4 == 0 && p.d_rounded % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(p.oaccum_ptr) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.o_ptr) % 8 == 0 && p.o_batch_stride % 4 == 0 &&
                       p.o_row_stride % 4 == 0 && p.o_head_stride % 4 == 0;
-    std::printf("emulator: combine kernel, %s path\n", vec4 ? "float4" : "scalar");
+    std::printf("emulator: combine kernel (%s), %s path\n",
+                plan.row_kernel ? "CTA per row" : "warp per row", vec4 ? "float4" : "scalar");
     auto launch = [&](auto vec) {
-        emu::launch(dim3(blocks), cb::kWarpsPerBlock * 32, cb::kSmemBytes,
-                    [&] { cb::combine_splits_kernel<Element, decltype(vec)::value>(p); });
+        emu::launch(dim3(static_cast<unsigned>(plan.blocks)), plan.threads, plan.smem_bytes, [&] {
+            if (plan.row_kernel) {
+                cb::combine_splits_row_kernel<Element, decltype(vec)::value>(p);
+            } else {
+                cb::combine_splits_kernel<Element, decltype(vec)::value>(p);
+            }
+        });
     };
     if (!vec4) return launch(std::false_type{});
     // Both paths: the scalar one first, then the float4 one must write the same bits.
