@@ -7,8 +7,8 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
   case_id  the cell, e.g. "d128 s4096 b4 h16/16 causal"; `case` holds its numbers
   mode     fwd | fwdbwd | decode
   impl     flash_cuda | flash_cuda_det | flash_cuda_sm80 | flash_cuda_sm90 | flash_cuda_sm90fwd |
-           flash_cuda_sm90plain | flash_cuda_p<page> | flash_cuda_s<num_splits> | cudnn | fa2 |
-           efficient | math
+           flash_cuda_sm90plain | flash_cuda_crow | flash_cuda_p<page> | flash_cuda_s<num_splits> |
+           cudnn | fa2 | efficient | math
   status   ok | error | oom | skip | unavailable   (`note` says why)
   figures  ms, tflops (prefill), tbps / tbps_graph (decode), extra_bytes (memory), check
 """
@@ -25,13 +25,15 @@ LABELS = {
     "flash_cuda_sm90": "flash_cuda sm90",
     "flash_cuda_sm90fwd": "flash_cuda sm90 fwd",
     "flash_cuda_sm90plain": "flash_cuda sm90 plain",
+    "flash_cuda_crow": "flash_cuda row combine",
     "cudnn": "cuDNN",
     "fa2": "FA2",
     "efficient": "xformers",
     "math": "standard",
 }
 IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90",
-              "flash_cuda_sm90fwd", "flash_cuda_sm90plain", "cudnn", "fa2", "efficient", "math"]
+              "flash_cuda_sm90fwd", "flash_cuda_sm90plain", "flash_cuda_crow", "cudnn", "fa2",
+              "efficient", "math"]
 STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 
 

@@ -23,13 +23,17 @@ def combine_fp64(out_partial, lse_partial):
 
 
 @needs_cuda
+@pytest.mark.parametrize("row_kernel", (False, True), ids=("warp_per_row", "cta_per_row"))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("splits,b,h,sq,d", [(1, 1, 1, 1, 8), (3, 2, 5, 17, 64), (16, 1, 8, 3, 128),
                                              (128, 2, 2, 1, 256), (7, 3, 4, 113, 40),
                                              # scalar path (d % 4 != 0); float4 path with a
                                              # partial second column pass (d = 132)
                                              (29, 1, 3, 2, 13), (33, 2, 2, 1, 132)])
-def test_combine_matches_formula(dtype, splits, b, h, sq, d):
+def test_combine_matches_formula(dtype, splits, b, h, sq, d, row_kernel, monkeypatch):
+    """row_kernel: FLASH_CUDA_COMBINE_ROW=1 (combine.cuh launch_plan: the CTA-per-row kernel where
+    splits >= 8 and rows <= 4096; the warp per row elsewhere)."""
+    monkeypatch.setenv("FLASH_CUDA_COMBINE_ROW", "1" if row_kernel else "0")
     out_partial = torch.randn(splits, b, h, sq, d, device="cuda")
     lse_partial = torch.randn(splits, b, h, sq, device="cuda") * 3
     # Some splits saw no key (lse -inf), and one row saw none at all.

@@ -13,7 +13,8 @@ namespace flash_cuda {
 template <typename Element>
 void run_combine_splits(const FwdParams& params, cudaStream_t stream) {
     const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
-    const combine::LaunchPlan plan = combine::launch_plan(rows, params.num_splits);
+    const combine::LaunchPlan plan =
+        combine::launch_plan(rows, params.num_splits, combine::row_kernel_enabled());
     if (plan.blocks == 0) return;
     // float4 partial rows and 8-byte output groups where the layouts allow it.
     const bool vec4 = params.d % 4 == 0 && params.d_rounded % 4 == 0 &&

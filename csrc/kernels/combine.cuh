@@ -31,6 +31,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/convert.cuh"
 #include "kernels/params.h"
@@ -51,17 +52,28 @@ constexpr int kRowChunk = 8;
 constexpr int kRowColsPerPass = 128;  // 32 lanes x 4 columns (float4), or 32 x 1 (scalar)
 constexpr int kRowSmemBytes = kRowWarps * (2 + kRowColsPerPass) * static_cast<int>(sizeof(float));
 
-// Which kernel merges `rows` rows of `splits` splits, and its launch shape. The row kernel where
-// the warp per row would walk its splits in more than one round (splits >= 8) and its CTAs
-// would not fill the GPU many times over (rows <= 4096: a CTA per row).
+// The row kernel is opt-in until it has run on a GPU: FLASH_CUDA_COMBINE_ROW=1 in the
+// environment (read per call, host side; the CPU emulator reads it too) lets launch_plan() pick
+// it; otherwise every combine is the warp per row.
+inline bool row_kernel_enabled() {
+    const char* value = std::getenv("FLASH_CUDA_COMBINE_ROW");
+    return value != nullptr && value[0] == '1' && value[1] == '\0';
+}
+
+// Which kernel merges `rows` rows of `splits` splits, and its launch shape. The row kernel (where
+// `allow_row_kernel`) where the warp per row would walk its splits in more than one round
+// (splits >= 8) and its CTAs would not fill the GPU many times over (rows <= 4096: a CTA per
+// row).
 struct LaunchPlan {
     bool row_kernel;
     int64_t blocks;
     int threads;
     int smem_bytes;
 };
-inline LaunchPlan launch_plan(int64_t rows, int splits) {
-    if (splits >= 8 && rows <= 4096) return {true, rows, kRowWarps * 32, kRowSmemBytes};
+inline LaunchPlan launch_plan(int64_t rows, int splits, bool allow_row_kernel) {
+    if (allow_row_kernel && splits >= 8 && rows <= 4096) {
+        return {true, rows, kRowWarps * 32, kRowSmemBytes};
+    }
     return {false, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, kSmemBytes};
 }
 

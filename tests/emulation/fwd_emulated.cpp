@@ -178,7 +178,7 @@ template <typename Element>
 void combine(const FwdParams& p) {
     namespace cb = flash_cuda::combine;
     const int64_t rows = static_cast<int64_t>(p.b) * p.h * p.seqlen_q;
-    const cb::LaunchPlan plan = cb::launch_plan(rows, p.num_splits);
+    const cb::LaunchPlan plan = cb::launch_plan(rows, p.num_splits, cb::row_kernel_enabled());
     const bool vec4 = p.d % 4 == 0 && p.d_rounded % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(p.oaccum_ptr) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.o_ptr) % 8 == 0 && p.o_batch_stride % 4 == 0 &&
