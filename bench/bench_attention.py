@@ -67,9 +67,9 @@ SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
 # backward), flash_cuda_sm90plain =plain (the sm90 forward without overlap inside a warpgroup).
 SM90_MODES = {"flash_cuda_sm80": "0", "flash_cuda_sm90": "1", "flash_cuda_sm90fwd": "fwd",
               "flash_cuda_sm90plain": "plain"}
-# flash_cuda_crow (decode): FLASH_CUDA_COMBINE_ROW=1, the split combine with a CTA per row
-# (combine.cuh) where it applies; opt-in until measured.
-COMBINE_ROW_IMPL = "flash_cuda_crow"
+# flash_cuda_cwarp (decode): FLASH_CUDA_COMBINE_ROW=0, the split combine with a warp per row
+# everywhere (the default takes a CTA per row at >= 8 splits; combine.cuh).
+COMBINE_WARP_IMPL = "flash_cuda_cwarp"
 FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", *SM90_MODES)
 STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
                  "illegal instruction", "device-side assert", "launch timed out",
@@ -236,8 +236,8 @@ class Bench:
             return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[impl])])
         if impl in SM90_MODES:
             return env_set("FLASH_CUDA_SM90", SM90_MODES[impl])
-        if impl == COMBINE_ROW_IMPL:
-            return env_set("FLASH_CUDA_COMBINE_ROW", "1")
+        if impl == COMBINE_WARP_IMPL:
+            return env_set("FLASH_CUDA_COMBINE_ROW", "0")
         return contextlib.nullcontext()
 
     def flush_l2(self):
@@ -630,7 +630,7 @@ class Bench:
                                                num_splits)), ""
             return make
 
-        for impl in ("flash_cuda", COMBINE_ROW_IMPL):
+        for impl in ("flash_cuda", COMBINE_WARP_IMPL):
             if impl in impls:
                 timed(impl, flash())
         for impl in impls:

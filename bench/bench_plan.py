@@ -14,9 +14,9 @@ DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 # flash_cuda_sm90 / flash_cuda_sm90fwd / flash_cuda_sm90plain: with FLASH_CUDA_SM90=0 / =1 / =fwd
 # / =plain (bench_attention.py SM90_MODES).
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
-                  "flash_cuda_sm90plain", "flash_cuda_crow"]
-# EFFICIENT is no decode peer here; flash_cuda_crow: FLASH_CUDA_COMBINE_ROW=1 (decode only)
-DECODE_IMPLS = ("flash_cuda", "flash_cuda_crow", "cudnn", "fa2", "math")
+                  "flash_cuda_sm90plain", "flash_cuda_cwarp"]
+# EFFICIENT is no decode peer here; flash_cuda_cwarp: FLASH_CUDA_COMBINE_ROW=0 (decode only)
+DECODE_IMPLS = ("flash_cuda", "flash_cuda_cwarp", "cudnn", "fa2", "math")
 
 
 def csv_ints(text: str) -> list[int]:
@@ -88,9 +88,9 @@ def build_plan(args) -> list[dict]:
     plan = []
     prefill_modes = [m for m in ("fwd", "fwdbwd") if m in args.modes]
 
-    def modes_impls(modes):  # det: fwd+bwd only; crow: decode only
+    def modes_impls(modes):  # det: fwd+bwd only; cwarp: decode only
         return {m: [i for i in impls if not (m == "fwd" and i == "flash_cuda_det")
-                    and i != "flash_cuda_crow"] for m in modes}
+                    and i != "flash_cuda_cwarp"] for m in modes}
 
     if prefill_modes:
         for d in head_dims:

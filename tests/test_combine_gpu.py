@@ -31,8 +31,9 @@ def combine_fp64(out_partial, lse_partial):
                                              # partial second column pass (d = 132)
                                              (29, 1, 3, 2, 13), (33, 2, 2, 1, 132)])
 def test_combine_matches_formula(dtype, splits, b, h, sq, d, row_kernel, monkeypatch):
-    """row_kernel: FLASH_CUDA_COMBINE_ROW=1 (combine.cuh launch_plan: the CTA-per-row kernel where
-    splits >= 8 and rows <= 4096; the warp per row elsewhere)."""
+    """row_kernel: the default (combine.cuh launch_plan: the CTA-per-row kernel where splits >= 8
+    and rows <= 4096; the warp per row elsewhere); else FLASH_CUDA_COMBINE_ROW=0 (warp per row
+    everywhere)."""
     monkeypatch.setenv("FLASH_CUDA_COMBINE_ROW", "1" if row_kernel else "0")
     out_partial = torch.randn(splits, b, h, sq, d, device="cuda")
     lse_partial = torch.randn(splits, b, h, sq, device="cuda") * 3

@@ -163,12 +163,13 @@ def test_decode_emulated(case, keysplit):
         assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k_i, v_i, **opts_i)
 
 
+@pytest.mark.parametrize("row_kernel", (True, False), ids=("cta_per_row", "warp_per_row"))
 @pytest.mark.parametrize("num_splits", (8, 16, 33))
-def test_combine_row_kernel_emulated(num_splits, monkeypatch):
-    """FLASH_CUDA_COMBINE_ROW=1: the split combine with a CTA per row (combine.cuh, splits >= 8),
-    its float4 and scalar paths (the harness checks they write the same bits), empty splits
-    (cache lengths shorter than the splits' key ranges)."""
-    monkeypatch.setenv("FLASH_CUDA_COMBINE_ROW", "1")
+def test_combine_row_kernel_emulated(num_splits, row_kernel, monkeypatch):
+    """The split combine with a CTA per row (combine.cuh, the default at splits >= 8) and, with
+    FLASH_CUDA_COMBINE_ROW=0, the warp per row: float4 and scalar paths (the harness checks they
+    write the same bits), empty splits (cache lengths shorter than the splits' key ranges)."""
+    monkeypatch.setenv("FLASH_CUDA_COMBINE_ROW", "1" if row_kernel else "0")
     gen = torch.Generator().manual_seed(num_splits)
     dtype, d, b, h, hk, capacity = torch.bfloat16, 128, 2, 4, 1, 1088
     seqused = [1088, 200]
@@ -176,7 +177,7 @@ def test_combine_row_kernel_emulated(num_splits, monkeypatch):
     q = torch.randn(b, 1, h, d, generator=gen).to(dtype)
     out, lse = run_fwd_emulated(q, k, v, seqused_k=torch.tensor(seqused, dtype=torch.int32),
                                 num_splits=num_splits, pack_gqa=True)
-    assert "CTA per row" in driver.LAST_STDOUT
+    assert ("CTA per row" in driver.LAST_STDOUT) == row_kernel
     for i in range(b):
         assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k[i:i + 1, :seqused[i]],
                                v[i:i + 1, :seqused[i]])

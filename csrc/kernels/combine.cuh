@@ -52,12 +52,12 @@ constexpr int kRowChunk = 8;
 constexpr int kRowColsPerPass = 128;  // 32 lanes x 4 columns (float4), or 32 x 1 (scalar)
 constexpr int kRowSmemBytes = kRowWarps * (2 + kRowColsPerPass) * static_cast<int>(sizeof(float));
 
-// The row kernel is opt-in until it has run on a GPU: FLASH_CUDA_COMBINE_ROW=1 in the
-// environment (read per call, host side; the CPU emulator reads it too) lets launch_plan() pick
-// it; otherwise every combine is the warp per row.
+// FLASH_CUDA_COMBINE_ROW=0 in the environment (read per call, host side; the CPU emulator reads
+// it too) keeps every combine on the warp per row (A/B runs); by default launch_plan() may pick
+// the row kernel (bench/NOTES.md session 7: +26-29% on MQA b1 kv32k / kv131k decode steps).
 inline bool row_kernel_enabled() {
     const char* value = std::getenv("FLASH_CUDA_COMBINE_ROW");
-    return value != nullptr && value[0] == '1' && value[1] == '\0';
+    return !(value != nullptr && value[0] == '0' && value[1] == '\0');
 }
 
 // Which kernel merges `rows` rows of `splits` splits, and its launch shape. The row kernel (where
