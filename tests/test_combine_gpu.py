@@ -34,13 +34,19 @@ def test_combine_matches_formula(dtype, splits, b, h, sq, d, row_kernel, monkeyp
     """row_kernel: the default (combine.cuh launch_plan: the CTA-per-row kernel where splits >= 8
     and rows <= 4096; the warp per row elsewhere); else FLASH_CUDA_COMBINE_ROW=0 (warp per row
     everywhere)."""
+    from torch.profiler import ProfilerActivity, profile
+
     monkeypatch.setenv("FLASH_CUDA_COMBINE_ROW", "1" if row_kernel else "0")
     out_partial = torch.randn(splits, b, h, sq, d, device="cuda")
     lse_partial = torch.randn(splits, b, h, sq, device="cuda") * 3
     # Some splits saw no key (lse -inf), and one row saw none at all.
     lse_partial[torch.rand_like(lse_partial) < 0.2] = float("-inf")
     lse_partial[:, 0, 0, 0] = float("-inf")
-    out, lse = torch.ops.flash_cuda.combine_splits(out_partial, lse_partial, dtype)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out, lse = torch.ops.flash_cuda.combine_splits(out_partial, lse_partial, dtype)
+        torch.cuda.synchronize()
+    ran_row_kernel = any("combine_splits_row_kernel" in e.name for e in prof.events())
+    assert ran_row_kernel == (row_kernel and splits >= 8 and b * h * sq <= 4096)
     ref_out, ref_lse = combine_fp64(out_partial, lse_partial)
     assert out.dtype == dtype and out.shape == (b, sq, h, d)
     assert lse.dtype == torch.float32 and lse.shape == (b, h, sq)
