@@ -53,8 +53,8 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream);
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream);
 
-// Hopper backward main kernel (TMA, wgmma; kernels/sm90/bwd_sm90.cuh) between the sm80
-// backward's preprocess and convert steps, head dims 64 and 128, for the calls
+// Hopper backward main kernel (TMA, wgmma; kernels/sm90/bwd_sm90.cuh, bwd_sm90_wide.cuh) between
+// the sm80 backward's preprocess and convert steps, head dims 64, 128 and 256, for the calls
 // sm90::bwd_supports (kernels/sm90/bwd_sm90_host.h) accepts; workspaces as run_mha_bwd_sm80's.
 // Compiled with a body only for sm_90a (as run_mha_fwd_sm90).
 template <typename Element, int HeadDim, bool Causal>

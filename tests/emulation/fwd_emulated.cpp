@@ -20,6 +20,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/bias_flags.h"
 #include "kernels/combine.cuh"
 #include "kernels/decode.h"
 #include "kernels/sm80/fwd.cuh"
@@ -54,9 +55,8 @@ void run_traits(FwdParams& params) {
     };
     const dim3 grid = grid_for(Traits{});
     // Same variant choice as csrc/kernels/sm80/fwd_launch.cuh.
-    const bool has_softcap = params.softcap > 0.f;
-    const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
-                           (!has_softcap && !(params.scale_softmax > 0.f));
+    const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);
+    const bool has_softcap = bias.softcap, has_alibi = bias.alibi;
     auto go = [&](auto kernel) {
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] { kernel(params); });
     };
@@ -102,18 +102,13 @@ bool run_sm90_traits(FwdParams& params) {
     }
     std::printf("emulator: sm90 forward%s\n", Traits::kOverlap ? "" : " (plain)");
     const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.b, params.h);
-    const bool has_softcap = params.softcap > 0.f;
-    const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
-                           (!has_softcap && !(params.scale_softmax > 0.f));
-    auto go = [&](auto kernel) {
-        emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes,
-                    [&] { kernel(params, maps.q, maps.k, maps.v); });
-    };
-    using s90::mha_fwd_sm90_kernel;
-    if (has_softcap && has_alibi) go(&mha_fwd_sm90_kernel<Element, Traits, Causal, true, true>);
-    else if (has_softcap) go(&mha_fwd_sm90_kernel<Element, Traits, Causal, false, true>);
-    else if (has_alibi) go(&mha_fwd_sm90_kernel<Element, Traits, Causal, true, false>);
-    else go(&mha_fwd_sm90_kernel<Element, Traits, Causal, false, false>);
+    const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);  // as the launcher
+    flash_cuda::with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
+        emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
+            s90::mha_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
+                                     decltype(softcap)::value>(params, maps.q, maps.k, maps.v);
+        });
+    });
     return true;
 }
 #endif

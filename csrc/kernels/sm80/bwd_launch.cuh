@@ -21,6 +21,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/bias_flags.h"
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm80/bwd.cuh"
@@ -76,21 +77,6 @@ constexpr int bwd_v2_smem_bytes() {
         return BwdV2Config<HeadDim>::Traits::kSmemBytes;
     } else {
         return 0;
-    }
-}
-
-// fn(std::bool_constant<HasAlibi>, std::bool_constant<HasSoftcap>) for the run-time flags: the
-// kernels' softcap / ALiBi template flags.
-template <typename Fn>
-void with_bias_flags(bool has_softcap, bool has_alibi, Fn&& fn) {
-    if (has_softcap && has_alibi) {
-        fn(std::true_type{}, std::true_type{});
-    } else if (has_softcap) {
-        fn(std::false_type{}, std::true_type{});
-    } else if (has_alibi) {
-        fn(std::true_type{}, std::false_type{});
-    } else {
-        fn(std::false_type{}, std::false_type{});
     }
 }
 

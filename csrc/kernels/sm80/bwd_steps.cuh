@@ -40,24 +40,18 @@ void launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream) {
 template <typename Element, int HeadDim>
 void launch_bwd_postprocess(const BwdParams& params, cudaStream_t stream) {
     const bool varlen = params.cu_seqlens_q != nullptr;
-    constexpr int kChunks = HeadDim / 8;
-    {
-        const int64_t rows =
-            varlen ? params.total_q : static_cast<int64_t>(params.b) * params.seqlen_q;
-        if (rows > 0) {
-            const dim3 grid(bwd_blocks_for(rows * kChunks), params.h);
-            mha_bwd_convert_dq_kernel<Element, HeadDim><<<grid, 256, 0, stream>>>(params);
-            FLASH_CUDA_CHECK_LAUNCH();
-        }
-    }
+    auto launch = [&](auto kernel, int64_t rows, int heads) {
+        if (rows <= 0) return;
+        const dim3 grid(bwd_blocks_for(rows * (HeadDim / 8)), heads);
+        kernel<<<grid, 256, 0, stream>>>(params);
+        FLASH_CUDA_CHECK_LAUNCH();
+    };
+    launch(&mha_bwd_convert_dq_kernel<Element, HeadDim>,
+           varlen ? params.total_q : static_cast<int64_t>(params.b) * params.seqlen_q, params.h);
     if (!params.dkv_direct) {  // GQA: sum the per-query-head dk / dv workspaces
-        const int64_t rows =
-            varlen ? params.total_k : static_cast<int64_t>(params.b) * params.seqlen_k;
-        if (rows > 0) {
-            const dim3 grid(bwd_blocks_for(rows * kChunks), params.h_k);
-            mha_bwd_convert_dkv_kernel<Element, HeadDim><<<grid, 256, 0, stream>>>(params);
-            FLASH_CUDA_CHECK_LAUNCH();
-        }
+        launch(&mha_bwd_convert_dkv_kernel<Element, HeadDim>,
+               varlen ? params.total_k : static_cast<int64_t>(params.b) * params.seqlen_k,
+               params.h_k);
     }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/bias_flags.h"
 #include "kernels/decode.h"
 #include "kernels/launch.h"
 #include "kernels/params.h"
@@ -70,11 +71,8 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
                                  ", h=" + std::to_string(params.h));
     }
     if (params.num_splits < 1) params.num_splits = 1;
-    const bool has_softcap = params.softcap > 0.f;
-    // The exponent factor of the plain path is scale * log2(e); when it is not positive the
-    // ALiBi path (natural-log scores, slope 0 without slopes) keeps the softmax well defined.
-    const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
-                           (!has_softcap && !(params.scale_softmax > 0.f));
+    const ScoreBias bias = fwd_score_bias(params);
+    const bool has_softcap = bias.softcap, has_alibi = bias.alibi;
     const bool is_dropout = params.p_keep < 1.f;
     if (is_dropout) {
         if (has_softcap || has_alibi) {

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/bias_flags.h"
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm90/fwd_sm90.cuh"
@@ -30,10 +31,6 @@ void launch_fwd_sm90_kernel(const FwdParams& params, const FwdTensorMaps& maps,
     FLASH_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace sm90
-
-namespace sm90 {
-
 template <typename Element, typename Traits, bool Causal>
 void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
     FwdTensorMaps maps;
@@ -42,20 +39,11 @@ void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
         throw std::runtime_error("flash_cuda: cuTensorMapEncodeTiled failed for the sm90 forward "
                                  "(CUresult " + std::to_string(r) + ")");
     }
-    // Same variant choice as the sm80 launcher: the ALiBi path (natural-log scores, slope 0
-    // without slopes) also takes a non-positive softmax scale.
-    const bool has_softcap = params.softcap > 0.f;
-    const bool has_alibi = params.alibi_slopes_ptr != nullptr ||
-                           (!has_softcap && !(params.scale_softmax > 0.f));
-    if (has_softcap && has_alibi) {
-        launch_fwd_sm90_kernel<Element, Traits, Causal, true, true>(params, maps, stream);
-    } else if (has_softcap) {
-        launch_fwd_sm90_kernel<Element, Traits, Causal, false, true>(params, maps, stream);
-    } else if (has_alibi) {
-        launch_fwd_sm90_kernel<Element, Traits, Causal, true, false>(params, maps, stream);
-    } else {
-        launch_fwd_sm90_kernel<Element, Traits, Causal, false, false>(params, maps, stream);
-    }
+    const ScoreBias bias = fwd_score_bias(params);  // the sm80 launcher's variant choice
+    with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
+        launch_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
+                               decltype(softcap)::value>(params, maps, stream);
+    });
 }
 
 }  // namespace sm90
