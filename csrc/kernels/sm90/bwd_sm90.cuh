@@ -353,17 +353,23 @@ __device__ __forceinline__ int bwd_sm90_key_block(const BwdParams& params,
 struct DqTurns {
     int* sem;      // the (batch, head)'s semaphores; nullptr when not deterministic
     int n;         // this CTA's turn: blockIdx.x
-    int n_blocks;  // 64-query blocks of the sequence
+    // 64-query blocks with a semaphore: the sequence's, but at most the (batch, head)'s share of
+    // seqlen_q_rounded / 64. A varlen max_seqlen_q below a sequence's length (not caught when the
+    // value checks are off) must not reach the next head's semaphores, where the turns of two
+    // heads would mix and hang; the blocks past the share are added unordered.
+    int n_blocks;
 
     __device__ __forceinline__ static DqTurns make(const BwdParams& params, int batch, int head,
                                                    int seqlen_q) {
         if (!params.deterministic) return DqTurns{nullptr, 0, 0};
         const int64_t bh = static_cast<int64_t>(batch) * params.h + head;
-        return DqTurns{params.dq_semaphore + bh * (params.seqlen_q_rounded / 64),
-                       static_cast<int>(blockIdx.x), (seqlen_q + 63) / 64};
+        const int share = params.seqlen_q_rounded / 64;
+        return DqTurns{params.dq_semaphore + bh * share, static_cast<int>(blockIdx.x),
+                       min((seqlen_q + 63) / 64, share)};
     }
     // The elected thread: passes on query blocks [lo, hi) without adding.
     __device__ __forceinline__ void pass_range(int lo, int hi) const {
+        hi = min(hi, n_blocks);
         for (int m = lo; m < hi; ++m) {
             ptx90::wait_global_equal(sem + m, n);
             ptx90::store_release_global(sem + m, n + 1);
@@ -375,7 +381,7 @@ struct DqTurns {
                                             int consumer_threads) const {
         if (elected) {
             if (it == 0) pass_range(0, first);
-            ptx90::wait_global_equal(sem + m, n);
+            if (m < n_blocks) ptx90::wait_global_equal(sem + m, n);
         }
         ptx90::named_barrier_sync(2, consumer_threads);
     }
@@ -383,7 +389,7 @@ struct DqTurns {
     __device__ __forceinline__ void release(int m, bool elected, int consumer_threads) const {
         __threadfence();
         ptx90::named_barrier_sync(2, consumer_threads);
-        if (elected) ptx90::store_release_global(sem + m, n + 1);
+        if (elected && m < n_blocks) ptx90::store_release_global(sem + m, n + 1);
     }
 };
 
