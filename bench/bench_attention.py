@@ -64,9 +64,9 @@ SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
 # flash_cuda with FLASH_CUDA_SM90 set (flash_cuda alone: the default, the sm90 kernels on sm_90
 # where they cover the call): flash_cuda_sm80 =0 (the sm80 kernels, as on an A100),
 # flash_cuda_sm90 =1 (the default, named), flash_cuda_sm90fwd =fwd (the sm90 forward, the sm80
-# backward), flash_cuda_sm90plain =plain (the sm90 forward without overlap inside a warpgroup).
+# backward), flash_cuda_sm90pp =pingpong (the sm90 kernels, the forward's warpgroups taking turns).
 SM90_MODES = {"flash_cuda_sm80": "0", "flash_cuda_sm90": "1", "flash_cuda_sm90fwd": "fwd",
-              "flash_cuda_sm90plain": "plain"}
+              "flash_cuda_sm90pp": "pingpong"}
 # flash_cuda_cwarp (decode): FLASH_CUDA_COMBINE_ROW=0, the split combine with a warp per row
 # everywhere (the default takes a CTA per row at >= 8 splits; combine.cuh).
 COMBINE_WARP_IMPL = "flash_cuda_cwarp"

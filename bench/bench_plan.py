@@ -11,10 +11,10 @@ import math
 
 DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 # flash_cuda_det: fwd+bwd with deterministic=True (issue 4's cost); flash_cuda_sm80 /
-# flash_cuda_sm90 / flash_cuda_sm90fwd / flash_cuda_sm90plain: with FLASH_CUDA_SM90=0 / =1 / =fwd
-# / =plain (bench_attention.py SM90_MODES).
+# flash_cuda_sm90 / flash_cuda_sm90fwd / flash_cuda_sm90pp: with FLASH_CUDA_SM90=0 / =1 / =fwd
+# / =pingpong (bench_attention.py SM90_MODES).
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
-                  "flash_cuda_sm90plain", "flash_cuda_cwarp"]
+                  "flash_cuda_sm90pp", "flash_cuda_cwarp"]
 # EFFICIENT is no decode peer here; flash_cuda_cwarp: FLASH_CUDA_COMBINE_ROW=0 (decode only)
 DECODE_IMPLS = ("flash_cuda", "flash_cuda_cwarp", "cudnn", "fa2", "math")
 
@@ -137,7 +137,7 @@ def build_plan(args) -> list[dict]:
 
 # Rough rates (TFLOP/s, TB/s) for the --dry-run time estimate only; ANCHORS-like.
 EST_TFLOPS = {"flash_cuda": 400, "flash_cuda_det": 250, "flash_cuda_sm80": 300,
-              "flash_cuda_sm90": 400, "flash_cuda_sm90fwd": 350, "flash_cuda_sm90plain": 350,
+              "flash_cuda_sm90": 400, "flash_cuda_sm90fwd": 350, "flash_cuda_sm90pp": 450,
               "cudnn": 450, "fa2": 280, "efficient": 130, "math": 15}
 
 
@@ -183,8 +183,8 @@ def parse_args(argv=None, default_out="bench/results"):
     p.add_argument("--impls", type=csv_strs, default=DEFAULT_IMPLS,
                    help="comma list of flash_cuda, flash_cuda_det (fwd+bwd with "
                         "deterministic=True), flash_cuda_sm80 / flash_cuda_sm90 / "
-                        "flash_cuda_sm90fwd / flash_cuda_sm90plain (FLASH_CUDA_SM90=0 / 1 / fwd "
-                        "/ plain), cudnn, fa2, "
+                        "flash_cuda_sm90fwd / flash_cuda_sm90pp (FLASH_CUDA_SM90=0 / 1 / fwd "
+                        "/ pingpong), cudnn, fa2, "
                         "efficient, math")
     p.add_argument("--repeats", type=int, default=20,
                    help="timed calls per measurement (fwd and decode; fwd+bwd: half)")

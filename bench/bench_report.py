@@ -7,7 +7,7 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
   case_id  the cell, e.g. "d128 s4096 b4 h16/16 causal"; `case` holds its numbers
   mode     fwd | fwdbwd | decode
   impl     flash_cuda | flash_cuda_det | flash_cuda_sm80 | flash_cuda_sm90 | flash_cuda_sm90fwd |
-           flash_cuda_sm90plain | flash_cuda_cwarp | flash_cuda_p<page> | flash_cuda_s<num_splits> |
+           flash_cuda_sm90pp | flash_cuda_cwarp | flash_cuda_p<page> | flash_cuda_s<num_splits> |
            cudnn | fa2 | efficient | math
   status   ok | error | oom | skip | unavailable   (`note` says why)
   figures  ms, tflops (prefill), tbps / tbps_graph (decode), extra_bytes (memory), check
@@ -24,7 +24,8 @@ LABELS = {
     "flash_cuda_sm80": "flash_cuda sm80",
     "flash_cuda_sm90": "flash_cuda sm90",
     "flash_cuda_sm90fwd": "flash_cuda sm90 fwd",
-    "flash_cuda_sm90plain": "flash_cuda sm90 plain",
+    "flash_cuda_sm90plain": "flash_cuda sm90 plain",  # runs 32-33
+    "flash_cuda_sm90pp": "flash_cuda sm90 pingpong",
     "flash_cuda_crow": "flash_cuda row combine",  # session 7 runs (FLASH_CUDA_COMBINE_ROW=1)
     "flash_cuda_cwarp": "flash_cuda warp combine",
     "cudnn": "cuDNN",
@@ -33,8 +34,8 @@ LABELS = {
     "math": "standard",
 }
 IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90",
-              "flash_cuda_sm90fwd", "flash_cuda_sm90plain", "flash_cuda_crow", "flash_cuda_cwarp",
-              "cudnn", "fa2", "efficient", "math"]
+              "flash_cuda_sm90fwd", "flash_cuda_sm90plain", "flash_cuda_sm90pp", "flash_cuda_crow",
+              "flash_cuda_cwarp", "cudnn", "fa2", "efficient", "math"]
 STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 
 
@@ -129,9 +130,10 @@ def prefill_label(case: dict) -> list[str]:
 
 # Our implementations with ratio columns against the peers in the prefill tables.
 RATIO_IMPLS = (("flash_cuda", "fc"), ("flash_cuda_sm80", "sm80"), ("flash_cuda_sm90", "sm90"),
-               ("flash_cuda_sm90fwd", "sm90fwd"), ("flash_cuda_sm90plain", "plain"))
+               ("flash_cuda_sm90fwd", "sm90fwd"), ("flash_cuda_sm90plain", "plain"),
+               ("flash_cuda_sm90pp", "pp"))
 COMPACT_IMPLS = ("flash_cuda", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
-                 "flash_cuda_sm90plain", "cudnn", "fa2")
+                 "flash_cuda_sm90plain", "flash_cuda_sm90pp", "cudnn", "fa2")
 
 
 def render_prefill(t: Table, section: str, compact: bool) -> list[str]:

@@ -167,10 +167,11 @@ void run_fwd_sm80(FwdParams& params, int head_dim, cudaStream_t stream) {
 
 // The sm90 kernels (kernels/sm90: TMA, wgmma) run by default on sm_90 where they cover the
 // call. FLASH_CUDA_SM90 in the environment switches: =0 the sm80 kernels everywhere (what an
-// A100 runs), =fwd the sm90 forward only, =plain the sm90 forward only, on its variant without
-// overlap inside a warpgroup; unset or =1 the default. Read per call (a getenv), so tests and
-// benchmarks can switch inside one process.
-enum class Sm90Mode { kOff, kForwardBackward, kForwardPlain, kForward };
+// A100 runs), =fwd the sm90 forward only, =pingpong the sm90 forward and backward with the
+// forward's pingpong variant (the consumer warpgroups take turns at the tensor cores); unset or
+// =1 the default. Read per call (a getenv), so tests and benchmarks can switch inside one
+// process.
+enum class Sm90Mode { kOff, kForwardBackward, kPingpong, kForward };
 Sm90Mode sm90_mode() {
     const char* env = std::getenv("FLASH_CUDA_SM90");
     if (env == nullptr) return Sm90Mode::kForwardBackward;
@@ -178,9 +179,9 @@ Sm90Mode sm90_mode() {
     if (value.empty() || value == "1") return Sm90Mode::kForwardBackward;
     if (value == "0") return Sm90Mode::kOff;
     if (value == "fwd") return Sm90Mode::kForward;
-    if (value == "plain") return Sm90Mode::kForwardPlain;
+    if (value == "pingpong") return Sm90Mode::kPingpong;
     TORCH_CHECK(false, "flash_cuda: environment variable FLASH_CUDA_SM90 must be unset, 1, 0, fwd "
-                "or plain, got '", value, "'");
+                "or pingpong, got '", value, "'");
 }
 
 // Compute capability 9.0 (H100 / H200): the sm_90a kernels run there only.
@@ -213,7 +214,7 @@ void run_fwd_kernel(FwdParams& params, [[maybe_unused]] const at::Tensor& q, cud
 #ifdef FLASH_CUDA_HAS_SM90
     const Sm90Mode mode = sm90_mode();
     if (mode != Sm90Mode::kOff && sm90::fwd_supports(params) && device_is_sm90(q)) {
-        params.sm90_plain = mode == Sm90Mode::kForwardPlain;
+        params.sm90_pingpong = mode == Sm90Mode::kPingpong;
         const bool ran = with_sm90_head_dim(params.d, [&](auto hd) {
             constexpr int kHeadDim = decltype(hd)::value;
             params.is_causal ? run_mha_fwd_sm90<Element, kHeadDim, true>(params, stream)
@@ -409,12 +410,14 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 }
 
 // Whether the backward main kernel is the sm90 one: the build has it (sm_90a) for this head dim,
-// the device is sm_90, FLASH_CUDA_SM90 is unset or 1 (0 / "fwd" / "plain" leave the backward on
+// the device is sm_90, FLASH_CUDA_SM90 is unset, 1 or pingpong (0 / "fwd" leave the backward on
 // sm80) and it covers the call (sm90::bwd_supports); else the sm80 kernels run.
 bool sm90_bwd_covers([[maybe_unused]] const BwdParams& params,
                      [[maybe_unused]] const at::Tensor& q) {
 #ifdef FLASH_CUDA_HAS_SM90
-    return sm90_mode() == Sm90Mode::kForwardBackward && sm90::bwd_supports(params) &&
+    const Sm90Mode mode = sm90_mode();
+    return (mode == Sm90Mode::kForwardBackward || mode == Sm90Mode::kPingpong) &&
+           sm90::bwd_supports(params) &&
            device_is_sm90(q) && with_sm90_head_dim(params.d, [](auto hd) {
                return sm90::bwd_head_dim_supported(decltype(hd)::value);
            });

@@ -61,3 +61,14 @@ def test_bwd_emulated_sm90(args, kwargs):
     ok, msg = check_bwd.check(*args, sm90=True, **kwargs)
     assert "sm90 backward" in bwd_driver.LAST_STDOUT, "the sm90 backward kernel did not run"
     assert ok, msg
+
+
+def test_bwd_deterministic_max_seqlen_q_too_small_sm90():
+    """deterministic=True with a varlen max_seqlen_q below the longest sequence (an input the
+    host's value checks reject; FLASH_CUDA_CHECK_VALUES=0 lets it through): the dQ semaphores of
+    the sequence's head must not run into the next head's (DqTurns clamps), so no hang, and the
+    gradients are still right (the blocks past the share are added unordered)."""
+    ok, msg = check_bwd.check_varlen(BF16, 128, [(200, 150), (30, 80)], False, (-1, -1), 2, 1,
+                                     deterministic=True, sm90=True, max_seqlen_q=64)
+    assert "sm90 backward" in bwd_driver.LAST_STDOUT
+    assert ok, msg

@@ -102,15 +102,15 @@ def test_varlen_emulated(d, feature):
 # ---- The sm90 forward (csrc/kernels/sm90/fwd_sm90.cuh: TMA, mbarrier pipeline, wgmma) on the
 # emulator's Hopper instructions (tests/emulation/kernels/sm90). Every case is one the kernel
 # covers (head dim 64 / 128 / 256, seqlen_q > 64, no dropout or KV cache), and each asserts it ran.
-# Both variants (overlap inside the warpgroup, the default; "plain") on the grid and the
+# Both variants (the default; "pingpong": the warpgroups take turns) on the grid and the
 # pipeline cases, the default on the rest.
 SM90_GRID = [c for c in sampled_cases() if c[1] in (64, 128, 256) and c[2] == (113, 203)]
-SM90_VARIANTS = pytest.mark.parametrize("variant", (True, "plain"), ids=("overlap", "plain"))
+SM90_VARIANTS = pytest.mark.parametrize("variant", (True, "pingpong"), ids=("default", "pingpong"))
 
 
 def run_sm90(q, k, v, variant=True, **opts):
     out, lse = run_fwd_emulated(q, k, v, sm90=variant, **opts)
-    ran = "sm90 forward (plain)" if variant == "plain" else "sm90 forward\n"
+    ran = "sm90 forward (pingpong)" if variant == "pingpong" else "sm90 forward\n"
     assert ran in driver.LAST_STDOUT, "the sm90 kernel (this variant) did not run"
     return out, lse
 

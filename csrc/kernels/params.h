@@ -133,9 +133,9 @@ struct FwdParams : public QKVParams {
 
     // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.
     int tile_variant;
-    // sm90 forward (kernels/sm90/fwd_sm90.cuh): the variant without overlap inside a warpgroup
-    // (FLASH_CUDA_SM90=plain; A/B runs).
-    bool sm90_plain;
+    // sm90 forward (kernels/sm90/fwd_sm90.cuh): the pingpong variant, the two consumer
+    // warpgroups taking turns at the tensor cores (FLASH_CUDA_SM90=pingpong; A/B runs).
+    bool sm90_pingpong;
 };
 
 struct BwdParams : public FwdParams {

@@ -164,7 +164,8 @@ bool run_sm90(BwdParams& params) {
             const int* sem = params.dq_semaphore +
                              (static_cast<int64_t>(bi) * params.h + hi) *
                                  (params.seqlen_q_rounded / 64);
-            for (int m = 0; m < (lq + 63) / 64; ++m) {
+            // (at most the head's share: a max_seqlen_q below the sequence's length clamps)
+            for (int m = 0; m < std::min((lq + 63) / 64, params.seqlen_q_rounded / 64); ++m) {
                 if (sem[m] != (lk + Traits::kBlockN - 1) / Traits::kBlockN) {
                     std::fprintf(stderr, "emulation error: dq semaphore (%d, %d, %d) = %d\n", bi,
                                  hi, m, sem[m]);

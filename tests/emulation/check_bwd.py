@@ -79,7 +79,9 @@ def compare(got, ref, pt):
 
 
 def check_varlen(dtype, d, lens, causal, window, h, hk, softcap=0.0, alibi=False,
-                 deterministic=False, splits=1, sm90=False):
+                 deterministic=False, splits=1, sm90=False, max_seqlen_q=None):
+    """max_seqlen_q: what the kernel is told (default: the longest sequence; smaller is an
+    invalid input the host's value checks would reject, which the kernel must survive)."""
     b = len(lens)
     max_q, max_k = max(lq for lq, _ in lens), max(lk for _, lk in lens)
     causal_n, left, right = normalize_mask(causal, window[0], window[1], max_k)
@@ -112,7 +114,8 @@ def check_varlen(dtype, d, lens, causal, window, h, hk, softcap=0.0, alibi=False
     lse = torch.cat(lses, dim=1)  # (h, total_q)
     got = run_bwd_emulated(dout, q, k, v, out, lse, causal=causal, window=window, softcap=softcap,
                            alibi_slopes=slopes, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                           max_seqlen_q=max_q, max_seqlen_k=max_k, deterministic=deterministic,
+                           max_seqlen_q=max_q if max_seqlen_q is None else max_seqlen_q,
+                           max_seqlen_k=max_k, deterministic=deterministic,
                            splits=splits, sm90=sm90)
     return compare(got, refs, pts)
 

@@ -98,8 +98,8 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     the rng_state it used, returned third with return_rng_state.
     keysplit: True / False set FLASH_CUDA_DECODE_KEYSPLIT=1 / 0 for the run (the key-split decode
     tile, on by default, kernels/decode.h), None leaves the environment as it is. sm90: True or
-    "plain" runs the sm90 forward (kernels/sm90/fwd_sm90.cuh; "plain": its variant without overlap
-    inside a warpgroup) where it covers the call (EMU_SM90; the emulator prints "sm90 forward"
+    "pingpong" runs the sm90 forward (kernels/sm90/fwd_sm90.cuh; "pingpong": its variant whose
+    warpgroups take turns at the tensor cores) where it covers the call (EMU_SM90; the emulator prints "sm90 forward"
     when it ran). The emulator's stdout (which says which tile ran) is kept
     in LAST_STDOUT."""
     global LAST_STDOUT
@@ -166,7 +166,7 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
         if cache_leftpad is not None:
             cache_leftpad.int().numpy().tofile(tmp / "leftpad.bin")
         (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))
-        env = dict(os.environ, EMU_SM90={False: "0", True: "1", "plain": "plain"}[sm90])
+        env = dict(os.environ, EMU_SM90={False: "0", True: "1", "pingpong": "pingpong"}[sm90])
         if keysplit is not None:
             env["FLASH_CUDA_DECODE_KEYSPLIT"] = "1" if keysplit else "0"
         run = subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout,

@@ -100,7 +100,7 @@ bool run_sm90_traits(FwdParams& params) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
         std::exit(2);
     }
-    std::printf("emulator: sm90 forward%s\n", Traits::kOverlap ? "" : " (plain)");
+    std::printf("emulator: sm90 forward%s\n", Traits::kPingpong ? " (pingpong)" : "");
     const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.b, params.h);
     const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);  // as the launcher
     flash_cuda::with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
@@ -114,7 +114,7 @@ bool run_sm90_traits(FwdParams& params) {
 #endif
 
 // The sm90 forward (kernels/sm90/fwd_sm90.cuh) where it covers the call and the environment has
-// EMU_SM90=1 or =plain (as flash_api.cpp with FLASH_CUDA_SM90 on an sm_90 GPU). False when it
+// EMU_SM90=1 or =pingpong (as flash_api.cpp with FLASH_CUDA_SM90 on an sm_90 GPU). False when it
 // did not run.
 template <typename Element, bool Causal>
 bool run_sm90(FwdParams& params) {
@@ -122,10 +122,10 @@ bool run_sm90(FwdParams& params) {
     namespace s90 = flash_cuda::sm90;
     const char* want = std::getenv("EMU_SM90");
     const std::string mode = want == nullptr ? "0" : want;
-    if ((mode != "1" && mode != "plain") || !s90::fwd_supports(params)) return false;
+    if ((mode != "1" && mode != "pingpong") || !s90::fwd_supports(params)) return false;
     using Config = s90::FwdSm90Config<EMU_HEAD_DIM>;
-    if (mode == "plain") {
-        return run_sm90_traits<Element, Causal, typename Config::PlainTraits>(params);
+    if (mode == "pingpong") {
+        return run_sm90_traits<Element, Causal, typename Config::PingpongTraits>(params);
     }
     return run_sm90_traits<Element, Causal, typename Config::Traits>(params);
 #else

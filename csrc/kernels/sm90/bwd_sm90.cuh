@@ -341,6 +341,48 @@ __device__ __forceinline__ int bwd_sm90_key_block(const BwdParams& params,
     return params.deterministic ? n_blocks - 1 - x : x;
 }
 
+// The CTA's work: its key block [n0, n0 + valid_keys) of the sequence (n0 < 0: none, varlen)
+// and the query blocks [blocks.min, blocks.max) that see some key of it.
+template <typename Traits, bool Causal>
+struct BwdSm90Work {
+    sm80::BwdSequence seq;
+    AttentionMask mask;
+    KeyRange range;
+    sm80::BwdQueryBlocks blocks;
+    int n0, valid_keys, n_iters;  // n_iters may be 0: dK = dV = 0
+
+    __device__ __forceinline__ static BwdSm90Work make(const BwdParams& params, int batch,
+                                                       int head) {
+        constexpr int kBlockN = Traits::kBlockN;
+        BwdSm90Work w;
+        w.seq = sm80::BwdSequence::make(params, batch, head);
+        w.n0 = bwd_sm90_key_block<kBlockN>(params, w.seq) * kBlockN;
+        if (w.n0 < 0) return w;
+        w.valid_keys = min(kBlockN, w.seq.seqlen_k - w.n0);
+        w.mask = sm80::bwd_attention_mask<Causal>(params, w.seq);
+        w.range = KeyRange::make(w.mask);
+        w.blocks = sm80::BwdQueryBlocks::make<Traits::kBlockM>(w.range, w.n0, w.valid_keys,
+                                                                w.seq.seqlen_q);
+        w.n_iters = w.blocks.max - w.blocks.min;
+        return w;
+    }
+};
+
+// Thread 0 initialises the mbarriers (full K/V: the TMA thread; full Q: the TMA thread and the
+// lse/D warp; empty Q: every consumer thread), then the CTA's only __syncthreads.
+template <typename Traits>
+__device__ __forceinline__ void bwd_sm90_init_barriers(const BwdSm90Smem<Traits>& smem) {
+    if (threadIdx.x == 0) {
+        ptx90::mbarrier_init(smem.full_kv(), 1);
+        for (int s = 0; s < Traits::kStages; ++s) {
+            ptx90::mbarrier_init(smem.full_q(s), 1 + 32);
+            ptx90::mbarrier_init(smem.empty_q(s), Traits::kConsumerThreads);
+        }
+        ptx90::fence_barrier_init();
+    }
+    __syncthreads();
+}
+
 // Deterministic dQ (params.deterministic; head dims whose dQ is split by columns, so one thread
 // per CTA adds to each dq_accum element). The CTAs of one (batch, head) add to the rows of each
 // 64-query block in a fixed order, their blockIdx.x (key blocks from the last one down,
@@ -353,17 +395,23 @@ __device__ __forceinline__ int bwd_sm90_key_block(const BwdParams& params,
 struct DqTurns {
     int* sem;      // the (batch, head)'s semaphores; nullptr when not deterministic
     int n;         // this CTA's turn: blockIdx.x
-    int n_blocks;  // 64-query blocks of the sequence
+    // 64-query blocks with a semaphore: the sequence's, but at most the (batch, head)'s share of
+    // seqlen_q_rounded / 64. A varlen max_seqlen_q below a sequence's length (not caught when the
+    // value checks are off) must not reach the next head's semaphores, where the turns of two
+    // heads would mix and hang; the blocks past the share are added unordered.
+    int n_blocks;
 
     __device__ __forceinline__ static DqTurns make(const BwdParams& params, int batch, int head,
                                                    int seqlen_q) {
         if (!params.deterministic) return DqTurns{nullptr, 0, 0};
         const int64_t bh = static_cast<int64_t>(batch) * params.h + head;
-        return DqTurns{params.dq_semaphore + bh * (params.seqlen_q_rounded / 64),
-                       static_cast<int>(blockIdx.x), (seqlen_q + 63) / 64};
+        const int share = params.seqlen_q_rounded / 64;
+        return DqTurns{params.dq_semaphore + bh * share, static_cast<int>(blockIdx.x),
+                       min((seqlen_q + 63) / 64, share)};
     }
     // The elected thread: passes on query blocks [lo, hi) without adding.
     __device__ __forceinline__ void pass_range(int lo, int hi) const {
+        hi = min(hi, n_blocks);
         for (int m = lo; m < hi; ++m) {
             ptx90::wait_global_equal(sem + m, n);
             ptx90::store_release_global(sem + m, n + 1);
@@ -375,7 +423,7 @@ struct DqTurns {
                                             int consumer_threads) const {
         if (elected) {
             if (it == 0) pass_range(0, first);
-            ptx90::wait_global_equal(sem + m, n);
+            if (m < n_blocks) ptx90::wait_global_equal(sem + m, n);
         }
         ptx90::named_barrier_sync(2, consumer_threads);
     }
@@ -383,7 +431,7 @@ struct DqTurns {
     __device__ __forceinline__ void release(int m, bool elected, int consumer_threads) const {
         __threadfence();
         ptx90::named_barrier_sync(2, consumer_threads);
-        if (elected) ptx90::store_release_global(sem + m, n + 1);
+        if (elected && m < n_blocks) ptx90::store_release_global(sem + m, n + 1);
     }
 };
 
@@ -409,25 +457,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int batch = blockIdx.y;
     const int head = blockIdx.z;
-    const sm80::BwdSequence seq = sm80::BwdSequence::make(params, batch, head);
-    const int n0 = bwd_sm90_key_block<kBlockN>(params, seq) * kBlockN;  // first key of the block
-    if (n0 < 0) return;  // varlen: this sequence has fewer key blocks
-    const int valid_keys = min(kBlockN, seq.seqlen_k - n0);
-    const AttentionMask mask = sm80::bwd_attention_mask<Causal>(params, seq);
-    const KeyRange range = KeyRange::make(mask);
-    const sm80::BwdQueryBlocks blocks =
-        sm80::BwdQueryBlocks::make<kBlockM>(range, n0, valid_keys, seq.seqlen_q);
-    const int n_iters = blocks.max - blocks.min;  // may be 0: dK = dV = 0
-
-    if (tid == 0) {
-        ptx90::mbarrier_init(smem.full_kv(), 1);
-        for (int s = 0; s < kStages; ++s) {
-            ptx90::mbarrier_init(smem.full_q(s), 1 + 32);  // the TMA thread + the lse/D warp
-            ptx90::mbarrier_init(smem.empty_q(s), Traits::kConsumerThreads);
-        }
-        ptx90::fence_barrier_init();
-    }
-    __syncthreads();  // the last CTA-wide barrier
+    const auto work = BwdSm90Work<Traits, Causal>::make(params, batch, head);
+    if (work.n0 < 0) return;  // varlen: this sequence has fewer key blocks
+    const sm80::BwdSequence& seq = work.seq;
+    const int n0 = work.n0, valid_keys = work.valid_keys, n_iters = work.n_iters;
+    const AttentionMask& mask = work.mask;
+    const KeyRange& range = work.range;
+    const sm80::BwdQueryBlocks& blocks = work.blocks;
+    bwd_sm90_init_barriers(smem);
 
     const int warpgroup = tid / 128;
     if (warpgroup == 0) {

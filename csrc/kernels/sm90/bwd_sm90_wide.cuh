@@ -51,25 +51,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int batch = blockIdx.y;
     const int head = blockIdx.z;
-    const sm80::BwdSequence seq = sm80::BwdSequence::make(params, batch, head);
-    const int n0 = bwd_sm90_key_block<kBlockN>(params, seq) * kBlockN;  // first key of the block
-    if (n0 < 0) return;  // varlen: this sequence has fewer key blocks
-    const int valid_keys = min(kBlockN, seq.seqlen_k - n0);
-    const AttentionMask mask = sm80::bwd_attention_mask<Causal>(params, seq);
-    const KeyRange range = KeyRange::make(mask);
-    const sm80::BwdQueryBlocks blocks =
-        sm80::BwdQueryBlocks::make<kBlockM>(range, n0, valid_keys, seq.seqlen_q);
-    const int n_iters = blocks.max - blocks.min;  // may be 0: dK = dV = 0
-
-    if (tid == 0) {
-        ptx90::mbarrier_init(smem.full_kv(), 1);
-        for (int s = 0; s < kStages; ++s) {
-            ptx90::mbarrier_init(smem.full_q(s), 1 + 32);  // the TMA thread + the lse/D warp
-            ptx90::mbarrier_init(smem.empty_q(s), Traits::kConsumerThreads);
-        }
-        ptx90::fence_barrier_init();
-    }
-    __syncthreads();  // the last CTA-wide barrier
+    const auto work = BwdSm90Work<Traits, Causal>::make(params, batch, head);
+    if (work.n0 < 0) return;  // varlen: this sequence has fewer key blocks
+    const sm80::BwdSequence& seq = work.seq;
+    const int n0 = work.n0, valid_keys = work.valid_keys, n_iters = work.n_iters;
+    const AttentionMask& mask = work.mask;
+    const KeyRange& range = work.range;
+    const sm80::BwdQueryBlocks& blocks = work.blocks;
+    bwd_sm90_init_barriers(smem);
 
     const int warpgroup = tid / 128;
     if (warpgroup == 0) {

@@ -1,6 +1,8 @@
 // Forward on Hopper (sm_90a): TMA loads and wgmma, warp-specialised (../shared/DESIGN.md
 // section 6).
-// First version: no overlap of softmax and GEMMs inside a warpgroup, no pingpong, no TMA store.
+// The next block's S overlaps this block's softmax inside each consumer warpgroup; the pingpong
+// variant also makes the two consumer warpgroups take turns issuing their GEMMs (below). No TMA
+// store.
 //
 // One CTA = kBlockM = 128 query rows of one (batch, head), 3 warpgroups (384 threads):
 //   warpgroup 0, the producer (registers lowered to 24): one thread issues the TMA copies --
@@ -53,7 +55,7 @@
 namespace flash_cuda {
 namespace sm90 {
 
-template <int HeadDim, int BlockN, int Stages, bool Overlap>
+template <int HeadDim, int BlockN, int Stages, bool Pingpong>
 struct FwdSm90Traits {
     static constexpr int kHeadDim = HeadDim;
     static constexpr int kBlockM = 128;
@@ -63,8 +65,10 @@ struct FwdSm90Traits {
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
     static constexpr int kSlabs = HeadDim / 64;  // 64-column slabs of every operand
-    // Overlap of the next block's S with this block's P V inside each consumer warpgroup.
-    static constexpr bool kOverlap = Overlap;
+    // Pingpong (FlashAttention-3's inter-warpgroup overlap): the consumer warpgroups take turns
+    // issuing their GEMMs (named barriers 1 and 2), so one's softmax runs while the other's
+    // GEMMs have the tensor cores.
+    static constexpr bool kPingpong = Pingpong;
 
     static constexpr int kQSlabBytes = kBlockM * 128;
     static constexpr int kKVSlabBytes = kBlockN * 128;
@@ -93,15 +97,16 @@ struct FwdSm90Traits {
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
 };
 
-// Traits: the default tile (overlap inside the warpgroup); PlainTraits: one block at a time
-// (FLASH_CUDA_SM90=plain, for A/B runs). Key blocks of 128, at d256 of 80 (FlashAttention-3's
+// Traits: the default tile; PingpongTraits: the same with the warpgroups taking turns
+// (FLASH_CUDA_SM90=pingpong, for A/B runs). Key blocks of 128, at d256 of 80 (FlashAttention-3's
 // d256 tile): Q 64 KB + 2 stages of K and V 160 KB = 225 KB of shared memory, and O takes 128
-// of a consumer thread's 240 registers.
+// of a consumer thread's 240 registers. (A variant without the overlap inside the warpgroup
+// measured 0-5% slower, bench/NOTES.md run 33, and was dropped.)
 template <int HeadDim>
 struct FwdSm90Config {
     static constexpr int kBlockN = HeadDim <= 128 ? 128 : 80;
-    using Traits = FwdSm90Traits<HeadDim, kBlockN, 2, true>;
-    using PlainTraits = FwdSm90Traits<HeadDim, kBlockN, 2, false>;
+    using Traits = FwdSm90Traits<HeadDim, kBlockN, 2, false>;
+    using PingpongTraits = FwdSm90Traits<HeadDim, kBlockN, 2, true>;
 };
 
 // Shared-memory addresses of the CTA's tiles and barriers.
@@ -337,70 +342,69 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto phase_of = [&](int it) { return static_cast<uint32_t>((it / kStages) & 1); };
 
     wait_phase(smem.full_q(), 0);
-    if constexpr (!Traits::kOverlap) {
-        // One block at a time: S, softmax, P V, each waited for before the next.
-        for (int it = 0; it < n_iters; ++it) {
-            const int stage = it % kStages;
-            wait_phase(smem.full_k(stage), phase_of(it));
-            issue_qk(it);
-            ptx90::wgmma_wait<0>();
-            ptx90::fence_operand(acc_s);
-            ptx90::mbarrier_arrive(smem.empty_k(stage));
-            transform_scores(it);
-            softmax.update(s_frag, o_frag, log2_scale);
-            sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
-            sm80::warp_gemm_p_rowsum<Element, PTile>(softmax.row_sum, p_frag);
-            wait_phase(smem.full_v(stage), phase_of(it));
-            issue_pv(it);
-            ptx90::wgmma_wait<0>();
-            ptx90::fence_operand(acc_o);
-            ptx90::mbarrier_arrive(smem.empty_v(stage));
-        }
-    } else {
-        // Overlap inside the warpgroup (DESIGN.md section 6): S of the next block and P V of this
-        // one are issued back to back, and only S is waited for, so the next block's mask and
-        // exponentials run while the tensor cores still accumulate P V. O is rescaled once that
-        // P V has landed. P's A fragments stay untouched until then.
-        // The last block is peeled off (no next S), so the loop body is one straight-line
-        // wgmma pipeline: ptxas serialises the wgmma (C7514) where a data-dependent branch
-        // leaves it unsure which group a wait retires.
-        wait_phase(smem.full_k(0), 0);
-        issue_qk(0);
-        ptx90::wgmma_wait<0>();
-        ptx90::fence_operand(acc_s);
-        ptx90::mbarrier_arrive(smem.empty_k(0));
-        auto step = [&](int it, auto has_next) {
-            const int stage = it % kStages;
-            transform_scores(it);
-            float o_scale[1][2];
-            softmax.update_scores(s_frag, log2_scale, o_scale);
-            // P V of the previous block has landed (none pending at it = 0): O is final for
-            // the rescale, p_frag free, the previous V buffer released.
-            ptx90::wgmma_wait<0>();
-            ptx90::fence_operand(acc_o);
-            ptx90::fence_operand(p_frag);
-            if (it > 0) ptx90::mbarrier_arrive(smem.empty_v((it - 1) % kStages));
-            OnlineSoftmax<1>::rescale(o_frag, o_scale);
-            sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
-            sm80::warp_gemm_p_rowsum<Element, PTile>(softmax.row_sum, p_frag);
-            if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
-                wait_phase(smem.full_k((it + 1) % kStages), phase_of(it + 1));
-                issue_qk(it + 1);
-            }
-            wait_phase(smem.full_v(stage), phase_of(it));
-            issue_pv(it);
-            if constexpr (decltype(has_next)::value) {
-                ptx90::wgmma_wait<1>();  // S of the next block (the older group) is complete
-                ptx90::fence_operand(acc_s);
-                ptx90::mbarrier_arrive(smem.empty_k((it + 1) % kStages));
-            }
-        };
-        for (int it = 0; it + 1 < n_iters; ++it) step(it, std::true_type{});
-        step(n_iters - 1, std::false_type{});
+    // Overlap inside the warpgroup (DESIGN.md section 6): S of the next block and P V of this
+    // one are issued back to back, and only S is waited for, so the next block's mask and
+    // exponentials run while the tensor cores still accumulate P V. O is rescaled once that
+    // P V has landed. P's A fragments stay untouched until then.
+    // The last block is peeled off (no next S), so the loop body is one straight-line
+    // wgmma pipeline: ptxas serialises the wgmma (C7514) where a data-dependent branch
+    // leaves it unsure which group a wait retires.
+    // Pingpong: each batch of GEMMs (the first S; then each step's next S and P V) is issued
+    // between bar.sync on this warpgroup's barrier (1 + c) and bar.arrive on the other's, so the
+    // warpgroups issue in turn, warpgroup 0 first (warpgroup 1's arrival before its first
+    // batch). Both have n_iters + 1 batches; warpgroup 1 skips its last arrival, so every
+    // barrier phase gets exactly its 256 threads.
+    auto my_turn = [&] {
+        if constexpr (Traits::kPingpong) ptx90::named_barrier_sync(1 + c, 256);
+    };
+    auto their_turn = [&] {
+        if constexpr (Traits::kPingpong) ptx90::named_barrier_arrive(2 - c, 256);
+    };
+    if constexpr (Traits::kPingpong) {
+        if (c == 1) ptx90::named_barrier_arrive(1, 256);  // warpgroup 0 goes first
+    }
+    wait_phase(smem.full_k(0), 0);
+    my_turn();
+    issue_qk(0);
+    their_turn();
+    ptx90::wgmma_wait<0>();
+    ptx90::fence_operand(acc_s);
+    ptx90::mbarrier_arrive(smem.empty_k(0));
+    auto step = [&](int it, auto has_next) {
+        const int stage = it % kStages;
+        transform_scores(it);
+        float o_scale[1][2];
+        softmax.update_scores(s_frag, log2_scale, o_scale);
+        // P V of the previous block has landed (none pending at it = 0): O is final for
+        // the rescale, p_frag free, the previous V buffer released.
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_o);
-        ptx90::mbarrier_arrive(smem.empty_v((n_iters - 1) % kStages));
-    }
+        ptx90::fence_operand(p_frag);
+        if (it > 0) ptx90::mbarrier_arrive(smem.empty_v((it - 1) % kStages));
+        OnlineSoftmax<1>::rescale(o_frag, o_scale);
+        sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+        sm80::warp_gemm_p_rowsum<Element, PTile>(softmax.row_sum, p_frag);
+        my_turn();
+        if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
+            wait_phase(smem.full_k((it + 1) % kStages), phase_of(it + 1));
+            issue_qk(it + 1);
+        }
+        wait_phase(smem.full_v(stage), phase_of(it));
+        issue_pv(it);
+        if constexpr (decltype(has_next)::value) {
+            their_turn();
+            ptx90::wgmma_wait<1>();  // S of the next block (the older group) is complete
+            ptx90::fence_operand(acc_s);
+            ptx90::mbarrier_arrive(smem.empty_k((it + 1) % kStages));
+        } else if constexpr (Traits::kPingpong) {
+            if (c == 0) their_turn();  // warpgroup 1's last batch: nobody waits for it
+        }
+    };
+    for (int it = 0; it + 1 < n_iters; ++it) step(it, std::true_type{});
+    step(n_iters - 1, std::false_type{});
+    ptx90::wgmma_wait<0>();
+    ptx90::fence_operand(acc_o);
+    ptx90::mbarrier_arrive(smem.empty_v((n_iters - 1) % kStages));
 
     // ---- Epilogue: O / l and lse straight from the registers.
     float lse[1][2];

@@ -55,8 +55,8 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
         throw std::runtime_error("flash_cuda: the sm90 forward kernel does not cover this call");
     }
     using Config = sm90::FwdSm90Config<HeadDim>;
-    if (params.sm90_plain) {
-        sm90::launch_fwd_sm90<Element, typename Config::PlainTraits, Causal>(params, stream);
+    if (params.sm90_pingpong) {
+        sm90::launch_fwd_sm90<Element, typename Config::PingpongTraits, Causal>(params, stream);
     } else {
         sm90::launch_fwd_sm90<Element, typename Config::Traits, Causal>(params, stream);
     }

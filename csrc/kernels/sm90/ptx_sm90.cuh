@@ -165,6 +165,12 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// bar.arrive: this warp's threads count towards named barrier `id` of `threads` threads without
+// waiting for it (the producer side of a bar.sync elsewhere).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- global flags (the deterministic backward's semaphores) ----
 
 // Spins until the int at `addr` (global memory) reads `value`, with acquire semantics at GPU

@@ -333,6 +333,19 @@ inline void named_barrier_sync(uint32_t id, uint32_t threads) {
     bar->arrive_and_wait();
 }
 
+inline void named_barrier_arrive(uint32_t id, uint32_t threads) {
+    if (id == 0 || id > 15 || threads % 32 != 0) emu::fail("bar.arrive: bad id or thread count", id);
+    std::barrier<>* bar;
+    {
+        std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
+        auto& slot = emu::block().named_barriers[id];
+        if (!slot) slot = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(threads));
+        bar = slot.get();
+    }
+    auto token = bar->arrive();
+    (void)token;
+}
+
 // ---- registers ----
 
 template <int kRegs>
