@@ -56,8 +56,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import bench_report as report  # noqa: E402
-from bench_plan import (DECODE_GRID_MAX_GB, build_plan, estimate_seconds, kv_bytes,  # noqa: E402
-                  parse_args, prefill_flops, reps_for)
+from bench_plan import (DECODE_ENV_IMPLS, DECODE_GRID_MAX_GB, build_plan,  # noqa: E402
+                        estimate_seconds, kv_bytes, parse_args, prefill_flops, reps_for)
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
                  "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
@@ -67,9 +67,6 @@ SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
 # backward), flash_cuda_sm90pp =pingpong (the sm90 kernels, the forward's warpgroups taking turns).
 SM90_MODES = {"flash_cuda_sm80": "0", "flash_cuda_sm90": "1", "flash_cuda_sm90fwd": "fwd",
               "flash_cuda_sm90pp": "pingpong"}
-# flash_cuda_cwarp (decode): FLASH_CUDA_COMBINE_ROW=0, the split combine with a warp per row
-# everywhere (the default takes a CTA per row at >= 8 splits; combine.cuh).
-COMBINE_WARP_IMPL = "flash_cuda_cwarp"
 FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", *SM90_MODES)
 STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
                  "illegal instruction", "device-side assert", "launch timed out",
@@ -236,8 +233,8 @@ class Bench:
             return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[impl])])
         if impl in SM90_MODES:
             return env_set("FLASH_CUDA_SM90", SM90_MODES[impl])
-        if impl == COMBINE_WARP_IMPL:
-            return env_set("FLASH_CUDA_COMBINE_ROW", "0")
+        if impl in DECODE_ENV_IMPLS:
+            return env_set(*DECODE_ENV_IMPLS[impl])
         return contextlib.nullcontext()
 
     def flush_l2(self):
@@ -630,7 +627,7 @@ class Bench:
                                                num_splits)), ""
             return make
 
-        for impl in ("flash_cuda", COMBINE_WARP_IMPL):
+        for impl in ("flash_cuda", *DECODE_ENV_IMPLS):
             if impl in impls:
                 timed(impl, flash())
         for impl in impls:

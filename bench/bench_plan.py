@@ -13,10 +13,16 @@ DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 # flash_cuda_det: fwd+bwd with deterministic=True (issue 4's cost); flash_cuda_sm80 /
 # flash_cuda_sm90 / flash_cuda_sm90fwd / flash_cuda_sm90pp: with FLASH_CUDA_SM90=0 / =1 / =fwd
 # / =pingpong (bench_attention.py SM90_MODES).
+# Decode-only variants of flash_cuda, each the default call with one environment switch:
+# flash_cuda_cwarp the split combine with a warp per row everywhere (the default takes a CTA per
+# row at >= 8 splits; combine.cuh), flash_cuda_nopdl the combine launched without programmatic
+# dependent launch (params.h combine_pdl).
+DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
+                    "flash_cuda_nopdl": ("FLASH_CUDA_PDL", "0")}
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
-                  "flash_cuda_sm90pp", "flash_cuda_cwarp"]
-# EFFICIENT is no decode peer here; flash_cuda_cwarp: FLASH_CUDA_COMBINE_ROW=0 (decode only)
-DECODE_IMPLS = ("flash_cuda", "flash_cuda_cwarp", "cudnn", "fa2", "math")
+                  "flash_cuda_sm90pp", *DECODE_ENV_IMPLS]
+# EFFICIENT is no decode peer here
+DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "cudnn", "fa2", "math")
 
 
 def csv_ints(text: str) -> list[int]:
@@ -88,9 +94,9 @@ def build_plan(args) -> list[dict]:
     plan = []
     prefill_modes = [m for m in ("fwd", "fwdbwd") if m in args.modes]
 
-    def modes_impls(modes):  # det: fwd+bwd only; cwarp: decode only
+    def modes_impls(modes):  # det: fwd+bwd only; DECODE_ENV_IMPLS: decode only
         return {m: [i for i in impls if not (m == "fwd" and i == "flash_cuda_det")
-                    and i != "flash_cuda_cwarp"] for m in modes}
+                    and i not in DECODE_ENV_IMPLS] for m in modes}
 
     if prefill_modes:
         for d in head_dims:

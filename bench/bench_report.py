@@ -7,8 +7,8 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
   case_id  the cell, e.g. "d128 s4096 b4 h16/16 causal"; `case` holds its numbers
   mode     fwd | fwdbwd | decode
   impl     flash_cuda | flash_cuda_det | flash_cuda_sm80 | flash_cuda_sm90 | flash_cuda_sm90fwd |
-           flash_cuda_sm90pp | flash_cuda_cwarp | flash_cuda_p<page> | flash_cuda_s<num_splits> |
-           cudnn | fa2 | efficient | math
+           flash_cuda_sm90pp | flash_cuda_cwarp | flash_cuda_nopdl | flash_cuda_p<page> |
+           flash_cuda_s<num_splits> | cudnn | fa2 | efficient | math
   status   ok | error | oom | skip | unavailable   (`note` says why)
   figures  ms, tflops (prefill), tbps / tbps_graph (decode), extra_bytes (memory), check
 """
@@ -28,6 +28,7 @@ LABELS = {
     "flash_cuda_sm90pp": "flash_cuda sm90 pingpong",
     "flash_cuda_crow": "flash_cuda row combine",  # session 7 runs (FLASH_CUDA_COMBINE_ROW=1)
     "flash_cuda_cwarp": "flash_cuda warp combine",
+    "flash_cuda_nopdl": "flash_cuda no PDL",
     "cudnn": "cuDNN",
     "fa2": "FA2",
     "efficient": "xformers",
@@ -35,7 +36,7 @@ LABELS = {
 }
 IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90",
               "flash_cuda_sm90fwd", "flash_cuda_sm90plain", "flash_cuda_sm90pp", "flash_cuda_crow",
-              "flash_cuda_cwarp", "cudnn", "fa2", "efficient", "math"]
+              "flash_cuda_cwarp", "flash_cuda_nopdl", "cudnn", "fa2", "efficient", "math"]
 STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 
 
@@ -201,7 +202,8 @@ def render_decode(t: Table, section: str, compact: bool) -> list[str]:
         return []
     impls = [i for i in t.impls(section) if not is_split_impl(i)]  # own table below
     if compact:
-        impls = [i for i in impls if i in ("flash_cuda", "flash_cuda_cwarp", "cudnn", "fa2")]
+        impls = [i for i in impls if i in ("flash_cuda", "flash_cuda_cwarp", "flash_cuda_nopdl",
+                                           "cudnn", "fa2")]
     header = ["case"]
     for i in impls:
         header += ([f"{label(i)} TB/s"] if compact else

@@ -189,6 +189,17 @@ bool device_is_sm90(const at::Tensor& t) {
     return compute_capability(t) == std::pair<int, int>{9, 0};
 }
 
+// Split-KV decode launches its combine kernel with programmatic dependent launch on compute
+// capability 9.0 and newer (kernels/params.h combine_pdl); FLASH_CUDA_PDL=0 in the environment
+// (read per call) gives a plain launch, for A/B runs. The combine waits in griddepcontrol.wait,
+// which its binary has whenever it runs on such a device (the build embeds SASS only, and SASS
+// compiled for compute capability 9.0 or newer keeps the instruction; kernels/ptx.cuh).
+bool combine_pdl(const at::Tensor& t) {
+    const char* env = std::getenv("FLASH_CUDA_PDL");
+    if (env != nullptr && std::string(env) == "0") return false;
+    return compute_capability(t).first >= 9;
+}
+
 // fn(std::integral_constant<int, HD>{}) for the head dims this build has kernels for and an sm90
 // kernel may cover (64, 128, 256); fn returns whether it ran one. False for any other head dim.
 template <typename Fn>
@@ -836,6 +847,7 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
         lse_accum = at::empty({params.num_splits, params.b, params.h, params.seqlen_q}, f32);
         params.oaccum_ptr = out_accum.data_ptr();
         params.softmax_lseaccum_ptr = lse_accum.data_ptr<float>();
+        params.combine_pdl = combine_pdl(q);
     }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     dispatch_dtype(q.scalar_type(), [&](auto element) {

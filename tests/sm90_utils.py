@@ -5,6 +5,7 @@ kernels would otherwise pass)."""
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -14,16 +15,30 @@ SM90_GPU = pytest.mark.skipif(
     reason="needs an sm_90 GPU (H100 / H200)")
 
 
+# The pingpong flag of the sm90 forward's traits (kernels/sm90/fwd_sm90.cuh FwdSm90Traits<HeadDim,
+# BlockN, Stages, Pingpong>) in a kernel name, demangled or mangled.
+_FWD_TRAITS_PINGPONG = re.compile(r"FwdSm90Traits<\d+, \d+, \d+, (true|false)>|"
+                                  r"FwdSm90TraitsILi\d+ELi\d+ELi\d+ELb([01])E")
+
+
 @contextlib.contextmanager
-def sm90_kernel_runs(monkeypatch, kernel_name: str):
-    """FLASH_CUDA_SM90=1 inside the block (flash_api.cpp reads it per call); afterwards a CUDA
-    kernel whose name contains `kernel_name` must have been launched in it."""
+def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1"):
+    """FLASH_CUDA_SM90=mode inside the block (flash_api.cpp reads it per call); afterwards a CUDA
+    kernel whose name contains `kernel_name` must have been launched in it. With mode "pingpong"
+    every sm90 forward kernel launched must be the pingpong variant, with "1" none may be."""
     from torch.profiler import ProfilerActivity, profile
 
-    monkeypatch.setenv("FLASH_CUDA_SM90", "1")
+    monkeypatch.setenv("FLASH_CUDA_SM90", mode)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         yield
         torch.cuda.synchronize()
     names = {event.name for event in prof.events()}
     assert any(kernel_name in n for n in names), \
         f"{kernel_name} did not run (was the extension built with FLASH_CUDA_ARCHS=90a?)"
+    for name in names:
+        if "mha_fwd_sm90_kernel" not in name:
+            continue
+        match = _FWD_TRAITS_PINGPONG.search(name)
+        assert match, f"no FwdSm90Traits in the kernel name {name!r}"
+        pingpong = match.group(1) == "true" or match.group(2) == "1"
+        assert pingpong == (mode == "pingpong"), f"FLASH_CUDA_SM90={mode} launched {name!r}"

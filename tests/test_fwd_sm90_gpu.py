@@ -1,8 +1,8 @@
 """The sm90 forward (csrc/kernels/sm90/fwd_sm90.cuh: TMA, mbarrier pipeline, wgmma) on an sm_90 GPU:
 the forward GPU tests of test_fwd_gpu.py that it covers (head dims 64, 128, 256, more than 64 query
-rows, no dropout or KV cache), run with FLASH_CUDA_SM90=1, same oracle and rules. Every test
-also checks with the profiler that the sm90 kernel ran (a silent fallback to the sm80 kernels
-would otherwise pass)."""
+rows, no dropout or KV cache), run with FLASH_CUDA_SM90=1 and =pingpong, same oracle and rules.
+Every test also checks with the profiler that the sm90 kernel of that variant ran (a silent
+fallback to the sm80 kernels would otherwise pass)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from sm90_utils import SM90_GPU, sm90_kernel_runs
 pytestmark = [pytest.mark.gpu, SM90_GPU]
 
 
-@pytest.fixture(autouse=True)
-def sm90_forward(monkeypatch):
-    with sm90_kernel_runs(monkeypatch, "mha_fwd_sm90_kernel"):
+# Every test runs both variants of the kernel: the default and the pingpong one
+# (FLASH_CUDA_SM90=pingpong: the consumer warpgroups take turns at the tensor cores).
+@pytest.fixture(autouse=True, params=("1", "pingpong"), ids=("default", "pingpong"))
+def sm90_forward(monkeypatch, request):
+    with sm90_kernel_runs(monkeypatch, "mha_fwd_sm90_kernel", request.param):
         yield
 
 

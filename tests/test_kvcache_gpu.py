@@ -125,3 +125,51 @@ def test_kvcache_decode_step_in_cuda_graph():
         eager_out = step()
         assert torch.equal(replay_out, eager_out)
         assert torch.equal(replay_k, k_cache)
+
+
+@needs_cuda
+@pytest.mark.parametrize("hk,num_splits", [(1, 16), (8, 33), (8, 3)], ids=("mqa-16", "gqa-33",
+                                                                           "gqa-3"))
+def test_split_decode_pdl_equals_plain_launch(hk, num_splits, monkeypatch):
+    """The combine kernel launched with programmatic dependent launch (the default on sm_90; it
+    may start while the attention kernel runs and waits for it in griddepcontrol.wait) gives the
+    same bits as a plain launch (FLASH_CUDA_PDL=0), eagerly and in CUDA-graph replays with new
+    queries each time (a combine reading the partials too early would see the previous step's)."""
+    b, capacity, h, d, dtype = 2, 8192, 32, 128, torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    k_cache = torch.randn(b, capacity, hk, d, device="cuda", dtype=dtype, generator=gen)
+    v_cache = torch.randn(b, capacity, hk, d, device="cuda", dtype=dtype, generator=gen)
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=dtype, generator=gen)
+    cache_seqlens = torch.tensor([capacity, 5000], dtype=torch.int32, device="cuda")
+    flash = _flash()
+
+    def step():
+        return flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                             num_splits=num_splits, return_softmax_lse=True)
+
+    def plain():
+        monkeypatch.setenv("FLASH_CUDA_PDL", "0")
+        try:
+            return step()
+        finally:
+            monkeypatch.delenv("FLASH_CUDA_PDL")
+
+    out, lse = step()
+    out_plain, lse_plain = plain()
+    assert torch.equal(out, out_plain) and torch.equal(lse, lse_plain)
+    check_against_oracle(out, lse, q, k_cache, v_cache, [capacity, 5000], causal=False,
+                         window=(-1, -1), softcap=0.0, alibi_slopes=None)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_graph, lse_graph = step()
+    for _ in range(20):
+        q.normal_(generator=gen)
+        graph.replay()
+        out_plain, lse_plain = plain()
+        assert torch.equal(out_graph, out_plain) and torch.equal(lse_graph, lse_plain)

@@ -4,6 +4,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/combine.cuh"
 #include "kernels/launch.h"
@@ -27,7 +29,22 @@ void run_combine_splits(const FwdParams& params, cudaStream_t stream) {
                                 : &combine::combine_splits_row_kernel<Element, false>)
                         : (vec4 ? &combine::combine_splits_kernel<Element, true>
                                 : &combine::combine_splits_kernel<Element, false>);
-    kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.smem_bytes, stream>>>(params);
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(plan.blocks));
+    config.blockDim = dim3(plan.threads);
+    config.dynamicSmemBytes = plan.smem_bytes;
+    config.stream = stream;
+    cudaLaunchAttribute pdl[1];
+    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = pdl;
+    config.numAttrs = params.combine_pdl ? 1 : 0;
+    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, params);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();  // clear it: the error is reported here
+        throw std::runtime_error(std::string("flash_cuda: kernel launch failed: ") +
+                                 cudaGetErrorString(err) + " (split combine)");
+    }
     FLASH_CUDA_CHECK_LAUNCH();
 }
 

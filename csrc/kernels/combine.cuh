@@ -27,6 +27,11 @@
 //   M = max_w m_w,  L = sum_w l_w exp(m_w - M),  o = sum_w o_w exp(m_w - M) / L,  lse = M + log L
 // (o_w, l_w: warp w's sums of exp(lse_i - m_w) o_i and exp(lse_i - m_w)), the same formula
 // as above in another order. launch_plan() picks the kernel (combine.cu and the emulator).
+//
+// Both kernels start with griddepcontrol.wait: after a split-KV attention kernel on sm_90 they
+// are launched with programmatic dependent launch (FwdParams::combine_pdl), so their CTAs take
+// SM slots while the attention kernel's last CTAs run and start reading the moment it completes,
+// instead of after a kernel-launch gap.
 #pragma once
 
 #include <cmath>
@@ -112,6 +117,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     if (row >= rows) return;
     const int splits = params.num_splits, d = params.d;
     const float* lse_acc = params.softmax_lseaccum_ptr;
+    ptx::wait_for_prior_grid();  // the partials' writer (PDL launch; a no-op otherwise)
 
     // 1. lse over the splits: one read per split, kept in registers.
     float l[kSplitsPerLane];
@@ -200,6 +206,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     const float* o_acc = reinterpret_cast<const float*>(params.oaccum_ptr) + row * row_stride;
     const int64_t split_stride = rows * row_stride;
     Element* out = output_row<Element>(params, row);
+    ptx::wait_for_prior_grid();  // the partials' writer (PDL launch; a no-op otherwise)
 
     for (int c0 = 0; c0 < d; c0 += kColsPerPass) {
         const int c = c0 + kLaneCols * lane;

@@ -136,6 +136,10 @@ struct FwdParams : public QKVParams {
     // sm90 forward (kernels/sm90/fwd_sm90.cuh): the pingpong variant, the two consumer
     // warpgroups taking turns at the tensor cores (FLASH_CUDA_SM90=pingpong; A/B runs).
     bool sm90_pingpong;
+    // Split-KV decode (flash_api.cpp, sm_90 devices): the combine kernel is launched with
+    // programmatic dependent launch, so its CTAs are scheduled while the attention kernel's last
+    // CTAs run and wait in griddepcontrol.wait (FLASH_CUDA_PDL=0: a plain launch; A/B runs).
+    bool combine_pdl;
 };
 
 struct BwdParams : public FwdParams {

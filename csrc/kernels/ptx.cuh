@@ -162,6 +162,24 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
+// Programmatic dependent launch (sm_90+; PTX ISA 7.8), the two halves of one kernel-to-kernel
+// edge. launch_dependents (griddepcontrol.launch_dependents): the next kernel in the stream, if
+// launched with the programmatic-serialization attribute, may start once every CTA of this grid
+// has executed it or exited. wait_for_prior_grid (griddepcontrol.wait): blocks until the grid this
+// kernel depends on has completed and its writes are visible. Both are no-ops for a kernel launched
+// without the attribute, and compile to nothing before sm_90 (and in the CPU emulator).
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ex2.approx.ftz.f32: 2^x (ex2(-inf) = +0), the softmax exponential.
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;

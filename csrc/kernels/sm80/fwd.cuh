@@ -465,6 +465,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     using WarpGemm = typename Traits::WarpGemm;
     static_assert(!(Traits::kKeySplit && IsDropout), "the key-split tile has no dropout");
 
+    // Split-KV decode: the combine kernel (launched with programmatic dependent launch on sm_90)
+    // may be scheduled as soon as every CTA of this grid has started; it waits for this grid to
+    // complete before reading the partials (combine.cuh).
+    if constexpr (Traits::kSplitKV) ptx::launch_dependents();
+
     unsigned char* smem = ptx::dynamic_smem();
     const uint32_t smem_q = ptx::smem_addr(smem);
     const uint32_t smem_k = smem_q + Traits::kSmemKOffset;
