@@ -600,6 +600,9 @@ class Bench:
         keep = {}
         graph = self.cuda and not self.args.no_graphs
         flush = self.cuda and not self.args.no_flush
+        if self.cuda and self.args.decode_settle_ms > 0:
+            self.sync()
+            time.sleep(self.args.decode_settle_ms / 1e3)
 
         def timed(impl, make_fn, retry_fn=None):
             if (section, cid, "decode", impl) in self.done:
@@ -627,8 +630,8 @@ class Bench:
                                                num_splits)), ""
             return make
 
-        for impl in ("flash_cuda", *DECODE_ENV_IMPLS):
-            if impl in impls:
+        for impl in impls:  # flash_cuda and its variants, in the order of --impls
+            if impl == "flash_cuda" or impl in DECODE_ENV_IMPLS:
                 timed(impl, flash())
         for impl in impls:
             if impl.startswith("flash_cuda_p") and impl[len("flash_cuda_p"):].isdigit():
