@@ -224,9 +224,10 @@ def parse_args(argv=None, default_out="bench/results"):
                         "heuristic, asked for explicitly; counts are clamped to the key blocks)")
     p.add_argument("--no-graphs", action="store_true", help="decode: eager timing only")
     p.add_argument("--no-flush", action="store_true", help="decode: keep L2 warm between calls")
-    p.add_argument("--decode-settle-ms", type=float, default=0.0,
+    p.add_argument("--decode-settle-ms", type=float, default=200.0,
                    help="decode: idle this long (ms) after a cell's inputs are made, before its "
-                        "first measurement (a check on order effects after a large cell)")
+                        "first measurement (run 45: the first ~0.1 s after a 17 GB cell ran the "
+                        "next cell's first implementation 10%% slow, whichever it was)")
     p.add_argument("--memory-seqlens", type=csv_ints, default=None)
     p.add_argument("--memory-shape", type=csv_ints, default=list(MEMORY_SHAPE),
                    help="b,h,d of the memory table (default 1,16,64)")

@@ -16,17 +16,13 @@ namespace decode {
 
 // The combine kernel (combine.cu) holds at most this many split weights per row.
 constexpr int kMaxSplits = 128;
-// Each split gets at least this many key blocks (fewer: the per-CTA prologue, the fp32 partial
-// write and the combine cost more than the split saves): 2 on short caches, whose decode step is
-// latency bound (more, shorter chains help), 8 from kLongCacheBlocks key blocks on. The H200
-// sweep of run 16 (bench/NOTES.md): with 128 key blocks (8k keys at d128) 8 blocks per split
-// beat 4 by 10% (b1 GQA) and 28% (b8 MQA); with 16 key blocks (1k keys) 1-2 per split was best.
+// Each split gets at least this many key blocks.
 constexpr int kMinBlocksPerSplit = 2;
-constexpr int kMinBlocksPerSplitLong = 8;
-constexpr int kLongCacheBlocks = 64;
-// A CTA's fixed cost (prologue, the fp32 partial output and lse, its share of the combine), in
-// key-block times, for the split count's critical-path estimate below.
+// Costs of the split count's estimate below, in key-block times of one CTA's chain: a CTA's
+// fixed cost (prologue, epilogue, partial output), and the combine kernel that any split count
+// above 1 adds (~3 us on the H200, about 8 key blocks of the 16-row tile at d128).
 constexpr int kSplitOverheadBlocks = 2;
+constexpr int kCombineBlocks = 8;
 
 // Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64, paged,
 // or GQA packed in the kernel).
@@ -63,15 +59,6 @@ inline bool uses_keysplit_tile(const FwdParams& p) {
 // only roughly for the latter, which never splits).
 inline int block_m(bool decode_tile) { return decode_tile ? 64 : 128; }
 inline int block_n(int head_dim) { return head_dim <= 64 ? 128 : 64; }
-// K/V buffers of the decode tile (traits.h: decode_stages).
-inline int decode_stages(int head_dim) { return head_dim <= 128 ? 3 : 2; }
-// CTAs of the decode tile resident per SM (shared memory: Q tile + `stages` K and V tiles; two
-// at most, the kernel's register budget of 255 per thread allows no more at d >= 128).
-inline int ctas_per_sm(int head_dim) {
-    const int bm = block_m(true), bn = block_n(head_dim);
-    const int smem = (bm + 2 * decode_stages(head_dim) * bn) * head_dim * 2 + 128;
-    return std::max(1, std::min(2, (227 * 1024) / smem));
-}
 
 // GQA packing. With one query row per sequence the query heads of one KV head all attend to the
 // same keys with the same mask, so they can be the rows of one tile: q (b, 1, h, d) is read as
@@ -135,10 +122,15 @@ inline int64_t num_tiles(const FwdParams& p) {
 // Split count for a problem of `tiles` CTAs (batch x heads x m blocks) over key blocks of a
 // `seqlen_k`-key cache (the capacity: shapes only). requested > 0: honoured, clamped to
 // [1, min(kMaxSplits, key blocks)]. Always 1 without the decode tile (the 128-row tile has no
-// split-KV code). requested == 0: of the counts whose CTAs fill the GPU's CTA slots (num_sms x
-// ctas_per_sm) in waves at least 85% as evenly as the best count, with at least
-// kMinBlocksPerSplit (kMinBlocksPerSplitLong on long caches) key blocks per split, the one with
-// the fewest waves x key blocks on the longest split (ties: the fewest splits).
+// split-KV code). requested == 0: the count s (at least kMinBlocksPerSplit key blocks per split)
+// with the shortest estimated time
+//   waves(s) x (key blocks of the longest split + kSplitOverheadBlocks) + (s > 1) kCombineBlocks,
+//   waves(s) = ceil(tiles x s / num_sms),
+// ties to the fewer splits. One CTA per SM counts as a full wave: a decode CTA keeps up to 5 K/V
+// tiles in flight, enough to stream its SM's share of the bandwidth (bench/NOTES.md run 45: with
+// the split-KV sweep over the issue-5 grid this rule is within 4% of the best measured count on
+// every cell, geometric mean 0.4%; the previous rule, which filled two CTA slots per SM and took
+// at least 8 blocks per split on long caches, lost up to 27%: MQA b1 kv8k, b128 kv1k, GQA b8 kv1k).
 inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile, int head_dim,
                       int num_sms) {
     if (!decode_tile) return 1;  // split-KV is compiled into the decode tile only
@@ -146,35 +138,13 @@ inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_ti
     const int n_blocks = std::max(1, (seqlen_k + bn - 1) / bn);
     if (requested > 0) return std::max(1, std::min({requested, kMaxSplits, n_blocks}));
     if (tiles <= 0 || num_sms <= 0) return 1;
-    const int min_blocks =
-        n_blocks >= kLongCacheBlocks ? kMinBlocksPerSplitLong : kMinBlocksPerSplit;
-    const int max_splits = std::min(kMaxSplits, std::max(1, n_blocks / min_blocks));
-    const double slots = static_cast<double>(num_sms) * ctas_per_sm(head_dim);
-    if (tiles >= slots || max_splits == 1) {
-        // Full waves already; split only to even out a short last wave (see below).
-        const double waves = tiles / slots;
-        if (waves / std::ceil(waves) >= 0.85) return 1;
-    }
-    double best = 0.0;
-    double eff[kMaxSplits + 1] = {};
-    for (int s = 1; s <= max_splits; ++s) {
-        const double waves = static_cast<double>(tiles) * s / slots;
-        eff[s] = waves / std::ceil(waves);
-        best = std::max(best, eff[s]);
-    }
-    // Among the counts that fill the slots well, the shortest critical path: waves x (the key
-    // blocks of the longest split, ceil(n_blocks / s), + kSplitOverheadBlocks for a CTA's
-    // prologue and partial-output write); ties go to the fewer splits (less partial output, a
-    // cheaper combine). Taking the smallest such count instead (before run 28) picked
-    // uneven splits, e.g. 7 splits of 16 blocks (3 blocks on the longest chain where 8 splits
-    // have 2): 23% slower at b32 kv1k MQA (bench/NOTES.md run 28's split sweep).
+    const int max_splits = std::min(kMaxSplits, std::max(1, n_blocks / kMinBlocksPerSplit));
     int chosen = 1;
     int64_t chosen_cost = -1;
     for (int s = 1; s <= max_splits; ++s) {
-        if (eff[s] < 0.85 * best) continue;
-        const int64_t waves = (tiles * s + static_cast<int64_t>(slots) - 1) /
-                              static_cast<int64_t>(slots);
-        const int64_t cost = waves * ((n_blocks + s - 1) / s + kSplitOverheadBlocks);
+        const int64_t waves = (tiles * s + num_sms - 1) / num_sms;
+        const int64_t cost = waves * ((n_blocks + s - 1) / s + kSplitOverheadBlocks) +
+                             (s > 1 ? kCombineBlocks : 0);
         if (chosen_cost < 0 || cost < chosen_cost) {
             chosen = s;
             chosen_cost = cost;
