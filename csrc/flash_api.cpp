@@ -837,7 +837,8 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
     params.num_splits = decode::num_splits(static_cast<int>(num_splits), decode::num_tiles(params),
                                            params.seqlen_k, decode::uses_decode_tile(params),
-                                           params.d_rounded, num_sms);
+                                           params.block_table != nullptr, params.d_rounded,
+                                           num_sms);
     // Split-KV workspaces: sizes from shapes only (CUDA-graph capturable).
     at::Tensor out_accum, lse_accum;
     if (params.num_splits > 1) {

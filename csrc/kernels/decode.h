@@ -23,6 +23,9 @@ constexpr int kMinBlocksPerSplit = 2;
 // above 1 adds (~3 us on the H200, about 8 key blocks of the 16-row tile at d128).
 constexpr int kSplitOverheadBlocks = 2;
 constexpr int kCombineBlocks = 8;
+// CTAs per SM that make a full wave: one streams its SM's share of the bandwidth from a
+// contiguous cache, a paged copy (page lookups on the load issue path) needs two (run 46).
+constexpr int kPagedCtasPerSm = 2;
 
 // Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64, paged,
 // or GQA packed in the kernel).
@@ -125,24 +128,27 @@ inline int64_t num_tiles(const FwdParams& p) {
 // split-KV code). requested == 0: the count s (at least kMinBlocksPerSplit key blocks per split)
 // with the shortest estimated time
 //   waves(s) x (key blocks of the longest split + kSplitOverheadBlocks) + (s > 1) kCombineBlocks,
-//   waves(s) = ceil(tiles x s / num_sms),
-// ties to the fewer splits. One CTA per SM counts as a full wave: a decode CTA keeps up to 5 K/V
-// tiles in flight, enough to stream its SM's share of the bandwidth (bench/NOTES.md run 45: with
-// the split-KV sweep over the issue-5 grid this rule is within 4% of the best measured count on
-// every cell, geometric mean 0.4%; the previous rule, which filled two CTA slots per SM and took
-// at least 8 blocks per split on long caches, lost up to 27%: MQA b1 kv8k, b128 kv1k, GQA b8 kv1k).
-inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile, int head_dim,
-                      int num_sms) {
+//   waves(s) = ceil(tiles x s / (num_sms x CTAs per SM)),
+// ties to the fewer splits. One CTA per SM counts as a full wave on a contiguous cache: a decode
+// CTA keeps up to 5 K/V tiles in flight, enough to stream its SM's share of the bandwidth
+// (bench/NOTES.md run 45: on the split-KV sweep over the issue-5 grid this rule is within 4% of
+// the best measured count on every cell, geometric mean 0.4%; the previous rule, which filled two
+// CTA slots per SM and took at least 8 blocks per split on long caches, lost up to 27%: MQA b1
+// kv8k, b128 kv1k, GQA b8 kv1k). A paged cache counts two CTAs per SM (kPagedCtasPerSm): with
+// one, the paged copies ran at 0.65-0.77x of contiguous on the large cells (run 46).
+inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile, bool paged,
+                      int head_dim, int num_sms) {
     if (!decode_tile) return 1;  // split-KV is compiled into the decode tile only
     const int bn = block_n(head_dim);
     const int n_blocks = std::max(1, (seqlen_k + bn - 1) / bn);
     if (requested > 0) return std::max(1, std::min({requested, kMaxSplits, n_blocks}));
     if (tiles <= 0 || num_sms <= 0) return 1;
     const int max_splits = std::min(kMaxSplits, std::max(1, n_blocks / kMinBlocksPerSplit));
+    const int64_t slots = static_cast<int64_t>(num_sms) * (paged ? kPagedCtasPerSm : 1);
     int chosen = 1;
     int64_t chosen_cost = -1;
     for (int s = 1; s <= max_splits; ++s) {
-        const int64_t waves = (tiles * s + num_sms - 1) / num_sms;
+        const int64_t waves = (tiles * s + slots - 1) / slots;
         const int64_t cost = waves * ((n_blocks + s - 1) / s + kSplitOverheadBlocks) +
                              (s > 1 ? kCombineBlocks : 0);
         if (chosen_cost < 0 || cost < chosen_cost) {

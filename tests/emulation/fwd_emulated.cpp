@@ -315,7 +315,8 @@ int main(int argc, char** argv) {
     const bool decode_tile = flash_cuda::decode::uses_decode_tile(p);
     p.num_splits = flash_cuda::decode::num_splits(static_cast<int>(geti_or("num_splits", 1)),
                                                   flash_cuda::decode::num_tiles(p), p.seqlen_k,
-                                                  decode_tile, p.d_rounded,
+                                                  decode_tile, p.block_table != nullptr,
+                                                  p.d_rounded,
                                                   static_cast<int>(geti_or("num_sms", 132)));
     const size_t partial_rows =
         static_cast<size_t>(p.num_splits) * p.b * p.h * std::max(p.seqlen_q, 0);
