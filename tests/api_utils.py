@@ -32,3 +32,18 @@ def cu_seqlens(lengths, device="cpu"):
 
 def round128(n: int) -> int:
     return (n + 127) // 128 * 128
+
+
+def capture_cuda_graph(step):
+    """Runs step() once on a side stream (lazy initialisation stays out of the capture), then
+    captures one call in a CUDA graph. Returns (graph, what the captured call returned): replaying
+    the graph rewrites those tensors."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs

@@ -19,6 +19,7 @@ import zlib
 import pytest
 import torch
 
+from api_utils import capture_cuda_graph
 from kvcache_append_cases import (
     ARG_ORDER, call_op, case_id, expected_q, make_case, reference_call, rotary_without_seqlens_case,
     sampled_grid, sequence_kv, to_device)
@@ -140,14 +141,7 @@ def test_graph_replay_equals_eager(rotary, feature):
     a = case["args"]
     seqlens = a["cache_seqlens"]
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call_op(case)  # warm-up outside capture (lazy init)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_graph, lse_graph = call_op(case)
+    graph, (out_graph, lse_graph) = capture_cuda_graph(lambda: call_op(case))
     for new_lens in ([10, 11, 12, 13], [0, 499, 200, 1], [37, 0, 0, 250]):
         seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         if a["cache_leftpad"] is not None:

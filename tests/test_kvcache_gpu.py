@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from api_utils import capture_cuda_graph
 from naive_attention import naive_attention, normalize_window
 
 pytestmark = pytest.mark.gpu
@@ -104,14 +105,7 @@ def test_kvcache_decode_step_in_cuda_graph():
         return flash.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
                                              cache_seqlens=cache_seqlens, causal=True)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up outside capture (lazy init)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_graph = step()
+    graph, out_graph = capture_cuda_graph(step)
     for seqlens in ([10, 11, 12, 13], [0, 511, 200, 1]):
         cache_seqlens.copy_(torch.tensor(seqlens, dtype=torch.int32))
         q.normal_()
@@ -160,14 +154,7 @@ def test_split_decode_pdl_equals_plain_launch(hk, num_splits, monkeypatch):
     check_against_oracle(out, lse, q, k_cache, v_cache, [capacity, 5000], causal=False,
                          window=(-1, -1), softcap=0.0, alibi_slopes=None)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_graph, lse_graph = step()
+    graph, (out_graph, lse_graph) = capture_cuda_graph(step)
     for _ in range(20):
         q.normal_(generator=gen)
         graph.replay()

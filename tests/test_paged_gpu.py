@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 
+from api_utils import capture_cuda_graph
 from naive_attention import naive_attention, normalize_window
 
 pytestmark = pytest.mark.gpu
@@ -185,14 +186,7 @@ def test_decode_graph_replay(page, num_splits):
                                              block_table=cache.block_table, causal=True,
                                              num_splits=num_splits, return_softmax_lse=True)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_graph, lse_graph = step()
+    graph, (out_graph, lse_graph) = capture_cuda_graph(step)
     for seqlens in ([10, 11, 12], [0, 4095, 2000], [4000, 1, 63]):
         cache_seqlens.copy_(torch.tensor(seqlens, dtype=torch.int32))
         q.normal_()
