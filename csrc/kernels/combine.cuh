@@ -105,6 +105,15 @@ __device__ __forceinline__ void store4(Element* out, float4 v) {
     *reinterpret_cast<uint2*>(out) = packed;
 }
 
+// Output row (b, sq, h, d layout) of combine row `row` = (b, h, sq) flattened.
+template <typename Element>
+__device__ __forceinline__ Element* output_row(const FwdParams& params, int64_t row) {
+    const int64_t sq = params.seqlen_q, h = params.h;
+    const int64_t bi = row / (h * sq), hi = (row / sq) % h, qi = row % sq;
+    return reinterpret_cast<Element*>(params.o_ptr) + bi * params.o_batch_stride +
+           qi * params.o_row_stride + hi * params.o_head_stride;
+}
+
 // kVec4: d % 4 == 0, oaccum 16-byte aligned with d_rounded % 4 == 0, o 8-byte aligned with
 // strides % 4 == 0 (the launcher checks).
 template <typename Element, bool kVec4>
@@ -145,10 +154,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     __syncwarp();
 
     // 2. Weighted sum of the partial outputs.
-    const int64_t sq = params.seqlen_q, h = params.h;
-    const int64_t bi = row / (h * sq), hi = (row / sq) % h, qi = row % sq;
-    Element* out = reinterpret_cast<Element*>(params.o_ptr) + bi * params.o_batch_stride +
-                   qi * params.o_row_stride + hi * params.o_head_stride;
+    Element* out = output_row<Element>(params, row);
     const int64_t row_stride = params.d_rounded;
     const float* o_acc = reinterpret_cast<const float*>(params.oaccum_ptr) + row * row_stride;
     const int64_t split_stride = rows * row_stride;
@@ -175,15 +181,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         }
     }
     if (lane == 0) params.softmax_lse_ptr[row] = lse;
-}
-
-// Output row (b, sq, h, d layout) of combine row `row` = (b, h, sq) flattened.
-template <typename Element>
-__device__ __forceinline__ Element* output_row(const FwdParams& params, int64_t row) {
-    const int64_t sq = params.seqlen_q, h = params.h;
-    const int64_t bi = row / (h * sq), hi = (row / sq) % h, qi = row % sq;
-    return reinterpret_cast<Element*>(params.o_ptr) + bi * params.o_batch_stride +
-           qi * params.o_row_stride + hi * params.o_head_stride;
 }
 
 // One CTA (kRowWarps warps) per row; see the top of the file. kVec4 as above: each lane owns 4

@@ -157,21 +157,79 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
 
 // ---- Pieces of the two backward kernels (this file's and bwd_sm90_wide.cuh's).
 
+// The key block of this CTA, -1 past the sequence's (varlen). Deterministic: the CTAs take the
+// key blocks from the last one down, while their dQ turns (DqTurns) go up with blockIdx.x, the
+// dispatch order. A higher key block meets a given query block after fewer iterations when the
+// mask is causal or windowed (its first query block is later), so in that order each CTA's
+// turn comes about when it is ready; in the other, every CTA would wait for the one below.
+template <int kBlockN>
+__device__ __forceinline__ int bwd_sm90_key_block(const BwdParams& params,
+                                                  const sm80::BwdSequence& seq) {
+    const int n_blocks = (seq.seqlen_k + kBlockN - 1) / kBlockN;
+    const int x = static_cast<int>(blockIdx.x);
+    if (x >= n_blocks) return -1;
+    return params.deterministic ? n_blocks - 1 - x : x;
+}
+
+// The CTA's work: its key block [n0, n0 + valid_keys) of the sequence (n0 < 0: none, varlen)
+// and the query blocks [blocks.min, blocks.max) that see some key of it.
+template <typename Traits, bool Causal>
+struct BwdSm90Work {
+    sm80::BwdSequence seq;
+    AttentionMask mask;
+    KeyRange range;
+    sm80::BwdQueryBlocks blocks;
+    int n0, valid_keys, n_iters;  // n_iters may be 0: dK = dV = 0
+
+    __device__ __forceinline__ static BwdSm90Work make(const BwdParams& params, int batch,
+                                                       int head) {
+        constexpr int kBlockN = Traits::kBlockN;
+        BwdSm90Work w;
+        w.seq = sm80::BwdSequence::make(params, batch, head);
+        w.n0 = bwd_sm90_key_block<kBlockN>(params, w.seq) * kBlockN;
+        if (w.n0 < 0) return w;
+        w.valid_keys = min(kBlockN, w.seq.seqlen_k - w.n0);
+        w.mask = sm80::bwd_attention_mask<Causal>(params, w.seq);
+        w.range = KeyRange::make(w.mask);
+        w.blocks = sm80::BwdQueryBlocks::make<Traits::kBlockM>(w.range, w.n0, w.valid_keys,
+                                                                w.seq.seqlen_q);
+        w.n_iters = w.blocks.max - w.blocks.min;
+        return w;
+    }
+};
+
+// Thread 0 initialises the mbarriers (full K/V: the TMA thread; full Q: the TMA thread and the
+// lse/D warp; empty Q: every consumer thread), then the CTA's only __syncthreads.
+template <typename Traits>
+__device__ __forceinline__ void bwd_sm90_init_barriers(const BwdSm90Smem<Traits>& smem) {
+    if (threadIdx.x == 0) {
+        ptx90::mbarrier_init(smem.full_kv(), 1);
+        for (int s = 0; s < Traits::kStages; ++s) {
+            ptx90::mbarrier_init(smem.full_q(s), 1 + 32);
+            ptx90::mbarrier_init(smem.empty_q(s), Traits::kConsumerThreads);
+        }
+        ptx90::fence_barrier_init();
+    }
+    __syncthreads();
+}
+
 // The producer warpgroup (see the header): warp 0, one thread, the TMA copies of K / V and of
 // each query block's Q / dO; warp 1 the block's lse (base 2) and D.
-template <typename Traits>
+template <typename Traits, bool Causal>
 __device__ __forceinline__ void bwd_sm90_produce(const BwdParams& params,
-                                                 const sm80::BwdSequence& seq,
-                                                 const sm80::BwdQueryBlocks& blocks,
+                                                 const BwdSm90Work<Traits, Causal>& work,
                                                  const BwdSm90Smem<Traits>& smem, int batch,
-                                                 int head, int n0, const CUtensorMap* q_map,
+                                                 int head, const CUtensorMap* q_map,
                                                  const CUtensorMap* k_map,
                                                  const CUtensorMap* v_map,
                                                  const CUtensorMap* do_map) {
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kStages = Traits::kStages;
     constexpr int kSlabs = Traits::kSlabs;
-    const int n_iters = blocks.max - blocks.min;
+    const sm80::BwdSequence& seq = work.seq;
+    const sm80::BwdQueryBlocks& blocks = work.blocks;
+    const int n0 = work.n0;
+    const int n_iters = blocks.max - blocks.min;  // (= work.n_iters; kept so the SASS is as run)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const bool varlen = params.cu_seqlens_q != nullptr;
     if (warp == 0 && lane == 0) {
@@ -327,62 +385,6 @@ __device__ __forceinline__ void dq_slab_reduce(float* dq_head, int m0, int seqle
     }
 }
 
-// The key block of this CTA, -1 past the sequence's (varlen). Deterministic: the CTAs take the
-// key blocks from the last one down, while their dQ turns (DqTurns) go up with blockIdx.x, the
-// dispatch order. A higher key block meets a given query block after fewer iterations when the
-// mask is causal or windowed (its first query block is later), so in that order each CTA's
-// turn comes about when it is ready; in the other, every CTA would wait for the one below.
-template <int kBlockN>
-__device__ __forceinline__ int bwd_sm90_key_block(const BwdParams& params,
-                                                  const sm80::BwdSequence& seq) {
-    const int n_blocks = (seq.seqlen_k + kBlockN - 1) / kBlockN;
-    const int x = static_cast<int>(blockIdx.x);
-    if (x >= n_blocks) return -1;
-    return params.deterministic ? n_blocks - 1 - x : x;
-}
-
-// The CTA's work: its key block [n0, n0 + valid_keys) of the sequence (n0 < 0: none, varlen)
-// and the query blocks [blocks.min, blocks.max) that see some key of it.
-template <typename Traits, bool Causal>
-struct BwdSm90Work {
-    sm80::BwdSequence seq;
-    AttentionMask mask;
-    KeyRange range;
-    sm80::BwdQueryBlocks blocks;
-    int n0, valid_keys, n_iters;  // n_iters may be 0: dK = dV = 0
-
-    __device__ __forceinline__ static BwdSm90Work make(const BwdParams& params, int batch,
-                                                       int head) {
-        constexpr int kBlockN = Traits::kBlockN;
-        BwdSm90Work w;
-        w.seq = sm80::BwdSequence::make(params, batch, head);
-        w.n0 = bwd_sm90_key_block<kBlockN>(params, w.seq) * kBlockN;
-        if (w.n0 < 0) return w;
-        w.valid_keys = min(kBlockN, w.seq.seqlen_k - w.n0);
-        w.mask = sm80::bwd_attention_mask<Causal>(params, w.seq);
-        w.range = KeyRange::make(w.mask);
-        w.blocks = sm80::BwdQueryBlocks::make<Traits::kBlockM>(w.range, w.n0, w.valid_keys,
-                                                                w.seq.seqlen_q);
-        w.n_iters = w.blocks.max - w.blocks.min;
-        return w;
-    }
-};
-
-// Thread 0 initialises the mbarriers (full K/V: the TMA thread; full Q: the TMA thread and the
-// lse/D warp; empty Q: every consumer thread), then the CTA's only __syncthreads.
-template <typename Traits>
-__device__ __forceinline__ void bwd_sm90_init_barriers(const BwdSm90Smem<Traits>& smem) {
-    if (threadIdx.x == 0) {
-        ptx90::mbarrier_init(smem.full_kv(), 1);
-        for (int s = 0; s < Traits::kStages; ++s) {
-            ptx90::mbarrier_init(smem.full_q(s), 1 + 32);
-            ptx90::mbarrier_init(smem.empty_q(s), Traits::kConsumerThreads);
-        }
-        ptx90::fence_barrier_init();
-    }
-    __syncthreads();
-}
-
 // Deterministic dQ (params.deterministic; head dims whose dQ is split by columns, so one thread
 // per CTA adds to each dq_accum element). The CTAs of one (batch, head) add to the rows of each
 // 64-query block in a fixed order, their blockIdx.x (key blocks from the last one down,
@@ -459,19 +461,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int head = blockIdx.z;
     const auto work = BwdSm90Work<Traits, Causal>::make(params, batch, head);
     if (work.n0 < 0) return;  // varlen: this sequence has fewer key blocks
-    const sm80::BwdSequence& seq = work.seq;
-    const int n0 = work.n0, valid_keys = work.valid_keys, n_iters = work.n_iters;
-    const AttentionMask& mask = work.mask;
-    const KeyRange& range = work.range;
-    const sm80::BwdQueryBlocks& blocks = work.blocks;
+    const auto& [seq, mask, range, blocks, n0, valid_keys, n_iters] = work;
     bwd_sm90_init_barriers(smem);
 
     const int warpgroup = tid / 128;
-    if (warpgroup == 0) {
-        // ---- Producer.
+    if (warpgroup == 0) {  // ---- Producer.
         ptx90::setmaxnreg_dec<24>();
-        bwd_sm90_produce<Traits>(params, seq, blocks, smem, batch, head, n0, &q_map, &k_map,
-                                 &v_map, &do_map);
+        bwd_sm90_produce(params, work, smem, batch, head, &q_map, &k_map, &v_map, &do_map);
         return;
     }
 

@@ -53,18 +53,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int head = blockIdx.z;
     const auto work = BwdSm90Work<Traits, Causal>::make(params, batch, head);
     if (work.n0 < 0) return;  // varlen: this sequence has fewer key blocks
-    const sm80::BwdSequence& seq = work.seq;
-    const int n0 = work.n0, valid_keys = work.valid_keys, n_iters = work.n_iters;
-    const AttentionMask& mask = work.mask;
-    const KeyRange& range = work.range;
-    const sm80::BwdQueryBlocks& blocks = work.blocks;
+    const auto& [seq, mask, range, blocks, n0, valid_keys, n_iters] = work;
     bwd_sm90_init_barriers(smem);
 
     const int warpgroup = tid / 128;
     if (warpgroup == 0) {
         ptx90::setmaxnreg_dec<24>();
-        bwd_sm90_produce<Traits>(params, seq, blocks, smem, batch, head, n0, &q_map, &k_map,
-                                 &v_map, &do_map);
+        bwd_sm90_produce(params, work, smem, batch, head, &q_map, &k_map, &v_map, &do_map);
         return;
     }
 
