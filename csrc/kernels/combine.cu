@@ -16,12 +16,7 @@ void run_combine_splits(const FwdParams& params, cudaStream_t stream) {
     const combine::LaunchPlan plan =
         combine::launch_plan(rows, params.num_splits, combine::row_kernel_enabled());
     if (plan.blocks == 0) return;
-    // float4 partial rows and 8-byte output groups where the layouts allow it.
-    const bool vec4 = params.d % 4 == 0 && params.d_rounded % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(params.oaccum_ptr) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(params.o_ptr) % 8 == 0 &&
-                      params.o_batch_stride % 4 == 0 && params.o_row_stride % 4 == 0 &&
-                      params.o_head_stride % 4 == 0;
+    const bool vec4 = combine::vec4_layout(params);
     const auto kernel =
         plan.row_kernel ? (vec4 ? &combine::combine_splits_row_kernel<Element, true>
                                 : &combine::combine_splits_row_kernel<Element, false>)

@@ -82,6 +82,14 @@ inline LaunchPlan launch_plan(int64_t rows, int splits, bool allow_row_kernel) {
     return {false, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, kSmemBytes};
 }
 
+// Whether the layouts allow the kVec4 kernels: float4 partial rows and 8-byte output groups.
+inline bool vec4_layout(const FwdParams& p) {
+    return p.d % 4 == 0 && p.d_rounded % 4 == 0 &&
+           reinterpret_cast<uintptr_t>(p.oaccum_ptr) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(p.o_ptr) % 8 == 0 && p.o_batch_stride % 4 == 0 &&
+           p.o_row_stride % 4 == 0 && p.o_head_stride % 4 == 0;
+}
+
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -115,7 +123,7 @@ __device__ __forceinline__ Element* output_row(const FwdParams& params, int64_t 
 }
 
 // kVec4: d % 4 == 0, oaccum 16-byte aligned with d_rounded % 4 == 0, o 8-byte aligned with
-// strides % 4 == 0 (the launcher checks).
+// strides % 4 == 0 (vec4_layout, which the launcher checks).
 template <typename Element, bool kVec4>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     combine_splits_kernel(const FwdParams params) {

@@ -174,10 +174,7 @@ void combine(const FwdParams& p) {
     namespace cb = flash_cuda::combine;
     const int64_t rows = static_cast<int64_t>(p.b) * p.h * p.seqlen_q;
     const cb::LaunchPlan plan = cb::launch_plan(rows, p.num_splits, cb::row_kernel_enabled());
-    const bool vec4 = p.d % 4 == 0 && p.d_rounded % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(p.oaccum_ptr) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(p.o_ptr) % 8 == 0 && p.o_batch_stride % 4 == 0 &&
-                      p.o_row_stride % 4 == 0 && p.o_head_stride % 4 == 0;
+    const bool vec4 = cb::vec4_layout(p);
     std::printf("emulator: combine kernel (%s), %s path\n",
                 plan.row_kernel ? "CTA per row" : "warp per row", vec4 ? "float4" : "scalar");
     auto launch = [&](auto vec) {
