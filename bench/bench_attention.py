@@ -238,9 +238,15 @@ class Bench:
         return contextlib.nullcontext()
 
     def flush_l2(self):
+        """Evicts the 50 MB L2 through a 256 MiB buffer. memset: the L2 is left full of dirty
+        lines, which the timed call then writes back to HBM as it evicts them (up to ~50 MB of
+        writes during the call); read: the buffer is read, leaving clean lines."""
         if self.l2_flush_buf is None:
-            self.l2_flush_buf = torch.empty(256 * 2**20, dtype=torch.uint8, device=self.device)
-        self.l2_flush_buf.zero_()
+            self.l2_flush_buf = torch.zeros(256 * 2**20, dtype=torch.uint8, device=self.device)
+        if self.args.l2_flush == "read":
+            self.l2_flush_buf.view(torch.int64).sum()
+        else:
+            self.l2_flush_buf.zero_()
 
     # -- timing --------------------------------------------------------------------------------
     def time_calls(self, fn, reps, warmup, flush=False) -> dict:
@@ -264,7 +270,7 @@ class Bench:
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                       for _ in range(n)]
             for start, end in events:
-                if flush:  # a 256 MiB memset evicts the 50 MB L2
+                if flush:  # evicts the 50 MB L2 (--l2-flush)
                     self.flush_l2()
                 start.record()
                 fn()
@@ -633,10 +639,12 @@ class Bench:
         for impl in impls:  # flash_cuda and its variants, in the order of --impls
             if impl == "flash_cuda" or impl in DECODE_ENV_IMPLS:
                 timed(impl, flash())
-        for impl in impls:
-            if impl.startswith("flash_cuda_p") and impl[len("flash_cuda_p"):].isdigit():
-                page = int(impl[len("flash_cuda_p"):])
-                paged = self.paged_cache(kc, vc, page)
+        for impl in impls:  # --paged (flash_cuda_p<page>), --paged-in-order (flash_cuda_po<page>)
+            page_spec = impl[len("flash_cuda_p"):] if impl.startswith("flash_cuda_p") else ""
+            in_order = page_spec.startswith("o")
+            if page_spec.removeprefix("o").isdigit():
+                page = int(page_spec.removeprefix("o"))
+                paged = self.paged_cache(kc, vc, page, shuffle=not in_order)
                 timed(impl, flash(*paged) if isinstance(paged, tuple) else self.raiser(paged))
                 del paged
         for impl in impls:  # --decode-splits: explicit num_splits (0: the heuristic)
@@ -663,15 +671,17 @@ class Bench:
             raise exc
         return make
 
-    def paged_cache(self, kc, vc, page):
-        """(block_table, (k_pages, v_pages)) holding the same cache in shuffled pages of `page`."""
+    def paged_cache(self, kc, vc, page, shuffle=True):
+        """(block_table, (k_pages, v_pages)) holding the same cache in pages of `page` rows,
+        placed in a random order (shuffle) or in cache order."""
         b, kv, hkv, d = kc.shape
         if kv % page:
             return Skip(f"cache length {kv} is not a multiple of page {page}")
         if 2 * kc.numel() * kc.element_size() > 20e9:
             return Skip("paged copy of a cache over 10 GB not made")
         nb = b * (kv // page)
-        perm = torch.randperm(nb, device=kc.device)
+        perm = torch.randperm(nb, device=kc.device) if shuffle else \
+            torch.arange(nb, device=kc.device)
         pages = []
         for x in (kc, vc):
             p = torch.empty(nb, page, hkv, d, dtype=x.dtype, device=x.device)

@@ -116,6 +116,8 @@ def build_plan(args) -> list[dict]:
     if "decode" in args.modes or args.decode_grid:
         dec_impls = [i for i in impls if i in DECODE_IMPLS]
         dec_impls += [f"flash_cuda_p{p}" for p in args.paged if "flash_cuda" in impls]
+        if args.paged_in_order:
+            dec_impls += [f"flash_cuda_po{p}" for p in args.paged if "flash_cuda" in impls]
         dec_impls += [f"flash_cuda_s{s}" for s in args.decode_splits if "flash_cuda" in impls]
         cases = [("decode", decode_case(b, kv, *args.decode_shape, sq))
                  for b, kv in (args.decode_cases or (DECODE_CASES[:1] if quick else DECODE_CASES))
@@ -217,13 +219,22 @@ def parse_args(argv=None, default_out="bench/results"):
     p.add_argument("--decode-q", type=csv_ints, default=[1],
                    help="query tokens per decode step, e.g. 1,4,8 (speculative decoding)")
     p.add_argument("--paged", type=csv_ints, default=[],
-                   help="also time flash_cuda with paged caches of these page sizes, e.g. 16,256")
+                   help="also time flash_cuda with paged caches of these page sizes, e.g. 16,256 "
+                        "(impl flash_cuda_p<page>; the pages in a random order, as a serving "
+                        "cache's are after a while)")
+    p.add_argument("--paged-in-order", action="store_true",
+                   help="with --paged: also time the same paged caches with their pages in cache "
+                        "order (impl flash_cuda_po<page>): what scattering the pages costs")
     p.add_argument("--decode-splits", type=csv_ints, default=[],
                    help="also time flash_cuda decode (contiguous cache) with each of these "
                         "explicit num_splits, e.g. 0,1,8,32 (impl flash_cuda_s<n>; 0 = the "
                         "heuristic, asked for explicitly; counts are clamped to the key blocks)")
     p.add_argument("--no-graphs", action="store_true", help="decode: eager timing only")
     p.add_argument("--no-flush", action="store_true", help="decode: keep L2 warm between calls")
+    p.add_argument("--l2-flush", choices=["memset", "read"], default="memset",
+                   help="decode: how L2 is flushed before each call: a 256 MiB memset (the L2 is "
+                        "left dirty: the call writes up to ~50 MB back as it evicts it) or a "
+                        "256 MiB read (clean lines)")
     p.add_argument("--decode-settle-ms", type=float, default=200.0,
                    help="decode: idle this long (ms) after a cell's inputs are made, before its "
                         "first measurement (run 45: the first ~0.1 s after a 17 GB cell ran the "

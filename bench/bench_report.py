@@ -8,6 +8,7 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
   mode     fwd | fwdbwd | decode
   impl     flash_cuda | flash_cuda_det | flash_cuda_sm80 | flash_cuda_sm90 | flash_cuda_sm90fwd |
            flash_cuda_sm90pp | flash_cuda_cwarp | flash_cuda_nopdl | flash_cuda_p<page> |
+           flash_cuda_po<page> (pages in order) |
            flash_cuda_s<num_splits> | cudnn | fa2 | efficient | math
   status   ok | error | oom | skip | unavailable   (`note` says why)
   figures  ms, tflops (prefill), tbps / tbps_graph (decode), extra_bytes (memory), check
@@ -43,6 +44,8 @@ STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 def label(impl: str) -> str:
     if impl in LABELS:
         return LABELS[impl]
+    if impl.startswith("flash_cuda_po"):
+        return f"flash_cuda paged {impl[len('flash_cuda_po'):]} in order"
     if impl.startswith("flash_cuda_p"):
         return f"flash_cuda paged {impl[len('flash_cuda_p'):]}"
     if impl.startswith("flash_cuda_s"):
@@ -51,8 +54,9 @@ def label(impl: str) -> str:
 
 
 def impl_rank(impl: str) -> tuple:
-    # flash_cuda_p<page> / flash_cuda_s<splits> after flash_cuda, numerically.
-    for prefix in ("flash_cuda_p", "flash_cuda_s"):
+    # flash_cuda_p<page> / flash_cuda_po<page> / flash_cuda_s<splits> after flash_cuda,
+    # numerically.
+    for prefix in ("flash_cuda_p", "flash_cuda_po", "flash_cuda_s"):
         if impl.startswith(prefix) and impl[len(prefix):].isdigit():
             return (1, prefix, int(impl[len(prefix):]))
     return (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 1, impl, 0)

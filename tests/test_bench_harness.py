@@ -63,6 +63,12 @@ def test_decode_grid_plan(capsys):
     grid = [ln for ln in lines if ln.startswith("decode_grid")]
     assert len(grid) == 3 * 4 * 4
     assert all("flash_cuda_p16" in ln and "flash_cuda_p256" in ln for ln in grid)
+    assert all("flash_cuda_po" not in ln for ln in grid)
+    lines = dry_run(capsys, "--modes", "decode", "--decode-grid", "--paged", "16,256",
+                    "--paged-in-order")
+    grid = [ln for ln in lines if ln.startswith("decode_grid")]
+    assert all(ln.split()[-1].endswith("flash_cuda_p16,flash_cuda_p256,flash_cuda_po16,"
+                                       "flash_cuda_po256") for ln in grid)
 
 
 def test_decode_splits_plan(capsys):
@@ -160,16 +166,20 @@ SMOKE = ["--smoke", "--dtype", "float32", "--seqlens", "128", "--repeats", "2"]
 def test_smoke_run_with_stand_in_flash_cuda(tmp_path, monkeypatch, capsys):
     fake = fake_flash_cuda()
     splits_seen = []  # (paged, num_splits) of each decode call's first use
+    page_orders = set()
     kvcache = fake.flash_attn_with_kvcache
 
     def recording_kvcache(q, k_cache, v_cache, block_table=None, num_splits=0, **kw):
         if (block_table is not None, num_splits) not in splits_seen:
             splits_seen.append((block_table is not None, num_splits))
+        if block_table is not None:  # pages in cache order (--paged-in-order) or shuffled
+            page_orders.add(bool((block_table.flatten().diff() == 1).all()))
         return kvcache(q, k_cache, v_cache, block_table=block_table, num_splits=num_splits, **kw)
 
     fake.flash_attn_with_kvcache = recording_kvcache
     monkeypatch.setitem(sys.modules, "flash_cuda", fake)
-    argv = SMOKE + ["--out", str(tmp_path), "--paged", "16", "--decode-splits", "0,3",
+    argv = SMOKE + ["--out", str(tmp_path), "--paged", "16", "--paged-in-order",
+                    "--decode-splits", "0,3", "--l2-flush", "read",
                     "--impls", "flash_cuda,flash_cuda_det,cudnn,fa2,efficient,math"]
     assert bench_attention.main(argv) == 0
     md = capsys.readouterr().out
@@ -201,7 +211,9 @@ def test_smoke_run_with_stand_in_flash_cuda(tmp_path, monkeypatch, capsys):
         assert not [k for k in rows if k[0] == section and k[2:] == ("fwd", "flash_cuda_det")]
     eff = row("gqa", "fwd", "efficient")
     assert eff["status"] == "error"  # no EFFICIENT kernel on the CPU either
-    for impl in ("flash_cuda", "flash_cuda_p16", "flash_cuda_s0", "flash_cuda_s3"):
+    assert page_orders == {True, False}
+    for impl in ("flash_cuda", "flash_cuda_p16", "flash_cuda_po16", "flash_cuda_s0",
+                 "flash_cuda_s3"):
         dec = row("decode", "decode", impl)
         assert dec["status"] == "ok" and dec["tbps_best"] > 0 and dec["timing"] == "eager"
         assert dec["check"]["vs"] == "fa2" and dec["check"]["max_abs"] < 1e-4
