@@ -1,9 +1,18 @@
-"""One call of flash_cuda and one of SDPA's FLASH backend (FlashAttention-2) on the same inputs,
-forward or forward+backward, for a profiler (ncu) to compare the kernels. Not a benchmark: no
-timing here.
+"""Kernel launches for a profiler (ncu) to compare. Not a benchmark: no timing here.
+
+Prefill (default): one call of flash_cuda and one of SDPA's FLASH backend (FlashAttention-2) on
+the same inputs, forward or forward+backward.
 
     PYTHONPATH=. ncu --clock-control none -k regex:"mha_bwd_sm80_kernel|flash_bwd_dq_dk_dv" -c 2 \
         python3 bench/profile_attention.py --d 128 --seqlen 4096 --bwd
+
+Decode (--decode): one flash_attn_with_kvcache step (one query token, d128 bf16) over the same
+cache held contiguously, then paged with its pages in cache order (the same addresses as the
+contiguous cache), then paged with the pages shuffled, each --page size in turn; all with
+--num-splits, so every launch has the same grid and only the paged address path differs.
+
+    PYTHONPATH=. ncu --clock-control none -k regex:mha_fwd_sm80_kernel -c 5 \
+        python3 bench/profile_attention.py --decode --batch 16 --kv 32768 --pages 16,256
 """
 
 import argparse
@@ -14,13 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flash_cuda
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--d", type=int, default=256)
-    p.add_argument("--seqlen", type=int, default=4096)
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--bwd", action="store_true", help="forward + backward")
-    args = p.parse_args()
+def prefill(args) -> None:
     h = 2048 // args.d
     b = 16384 // args.seqlen
     q, k, v = (torch.randn(b, args.seqlen, h, args.d, device="cuda", dtype=torch.bfloat16,
@@ -33,6 +36,51 @@ def main() -> None:
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=args.causal)
         if args.bwd:
             out.backward(torch.randn_like(out))
+
+
+def decode(args) -> None:
+    b, kv, hq, hkv, d = args.batch, args.kv, args.heads, args.kv_heads, 128
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(b, kv, hkv, d, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    seqlens = torch.full((b,), kv, dtype=torch.int32, device="cuda")
+
+    def step(k, v, block_table=None):
+        flash_cuda.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens,
+                                           block_table=block_table, num_splits=args.num_splits)
+
+    step(k_cache, v_cache)
+    for page in args.pages:
+        n_pages = b * (kv // page)
+        for order in (torch.arange(n_pages, device="cuda"),
+                      torch.randperm(n_pages, device="cuda")):
+            pages = []
+            for x in (k_cache, v_cache):
+                p = torch.empty(n_pages, page, hkv, d, dtype=x.dtype, device=x.device)
+                p[order] = x.reshape(n_pages, page, hkv, d)
+                pages.append(p)
+            step(*pages, order.to(torch.int32).reshape(b, kv // page))
+            del pages
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--d", type=int, default=256)
+    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--bwd", action="store_true", help="forward + backward")
+    p.add_argument("--decode", action="store_true", help="decode steps (see the docstring)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--kv", type=int, default=32768, help="decode: cache length")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--pages", type=lambda s: [int(x) for x in s.split(",")], default=[16, 256])
+    p.add_argument("--num-splits", type=int, default=1)
+    args = p.parse_args()
+    if args.decode:
+        decode(args)
+    else:
+        prefill(args)
     torch.cuda.synchronize()
 
 
