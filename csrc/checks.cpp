@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 namespace flash_cuda {
@@ -45,6 +46,15 @@ void check_like(const at::Tensor& t, const at::Tensor& ref, const char* name,
 void check_rank(const at::Tensor& t, int64_t rank, const char* name, const char* layout) {
     TORCH_CHECK_VALUE(t.dim() == rank, "flash_cuda: ", name, " must have ", rank,
                       " dimensions ", layout, ", got shape ", t.sizes());
+}
+
+// A paged cache's page and row strides fit in 32 bits: the kernels form a row's address with
+// two 32 x 32 -> 64-bit multiply-adds (kernels/sm80/fwd.cuh load_kv_tile).
+void check_paged_cache_strides(const at::Tensor& t, const char* name) {
+    constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+    TORCH_CHECK_VALUE(t.stride(0) <= kMax && t.stride(1) <= kMax, "flash_cuda: ", name,
+                      " with block_table must have page and row strides (stride(0), stride(1)) "
+                      "below 2^31 elements, got ", t.strides());
 }
 
 void check_last_dim_contiguous(const at::Tensor& t, const char* name) {
@@ -241,6 +251,8 @@ AttnDims check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at:
                           d.batch, ", ...), got ", bt.sizes());
         TORCH_CHECK_VALUE(bt.stride(-1) == 1,
                           "flash_cuda: block_table must have a contiguous last dimension");
+        check_paged_cache_strides(k, "k");
+        check_paged_cache_strides(v, "v");
     }
     if (value_checks_enabled(q)) {
         const int64_t total_k = paged ? block_table->size(1) * k.size(1) * d.batch : k.size(0);
@@ -380,6 +392,8 @@ AttnDims check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
                           "flash_cuda: cache_leftpad cannot be used with a paged cache (block_table)");
         TORCH_CHECK_VALUE(k_cache.size(1) >= 1, "flash_cuda: the page size (k_cache.size(1) with "
                           "block_table) must be >= 1, got ", k_cache.size(1));
+        check_paged_cache_strides(k_cache, "k_cache");
+        check_paged_cache_strides(v_cache, "v_cache");
         capacity = bt.size(1) * k_cache.size(1);
     } else {
         capacity = k_cache.size(1);

@@ -306,6 +306,27 @@ def test_kvcache_page_size_zero_rejected():
     _assert_rejected_untouched(kw, ValueError, "page size")
 
 
+def _pages_strided(page_stride, num_blocks=1, page=8, hk=2, d=16):
+    """A paged cache whose pages lie page_stride elements apart (a view of a small storage)."""
+    storage = rand((num_blocks - 1) * page_stride + page * hk * d)
+    return storage.as_strided((num_blocks, page, hk, d), (page_stride, hk * d, d, 1))
+
+
+def test_paged_cache_strides_over_32_bits_rejected():
+    """The kernels form paged row addresses from 32-bit page and row strides."""
+    kw = _cache()
+    kw["k_cache"], kw["v_cache"] = _pages_strided(2**31), _pages_strided(2**31)
+    kw["block_table"] = torch.tensor([[0], [0]], dtype=torch.int32)
+    _assert_rejected_untouched(kw, ValueError, r"k_cache with block_table must have page and "
+                               r"row strides .* below 2\^31")
+    kw["k_cache"] = _pages_strided(2**31 - 1)
+    _assert_rejected_untouched(kw, ValueError, "v_cache with block_table must have page")
+    q, _, _, cq, ck, mq, mk = _varlen(lens_k=(4, 6))
+    with pytest.raises(ValueError, match="k with block_table must have page and row strides"):
+        flash_cuda.flash_attn_varlen_func(q, _pages_strided(2**31), _pages_strided(2**31), cq, ck,
+                                          mq, mk, block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
 @pytest.mark.parametrize("causal", (True, False))
 def test_kvcache_rotary_query_position_out_of_table(causal):
     """Queries past the new tokens need rotary positions too: cache_seqlens (+ row, causal)."""

@@ -36,7 +36,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
 }
 
 // cp.async.cg.shared.global (16 bytes, L2 only): asynchronous global -> shared copy. When
-// `in_bounds` is false no global byte is read (src-size 0) and the 16 shared bytes are zeroed.
+// `in_bounds` is false no global byte is read (src-size 0) and the 16 shared bytes are zeroed;
+// gmem_src is then not accessed, so it may point past the tensor (the tile copies rely on
+// this instead of selecting a safe address per chunk).
 __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src,
                                             bool in_bounds) {
     const int src_bytes = in_bounds ? 16 : 0;
@@ -99,6 +101,14 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 __device__ __forceinline__ int opaque(int x) {
     asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
     return x;
+}
+
+// mad.wide.u32: a * b + c with a 64-bit result, one IMAD.WIDE.U32 (C++'s uint64 arithmetic on
+// the same operands gets extra adds of a zero high word from ptxas).
+__device__ __forceinline__ uint64_t mad_wide_u32(uint32_t a, uint32_t b, uint64_t c) {
+    uint64_t d;
+    asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(d) : "r"(a), "r"(b), "l"(c));
+    return d;
 }
 
 // mov.u32 from %tid.x, not merged with other reads: lets a kernel re-derive lane-dependent

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <bit>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -49,6 +50,8 @@ extern thread_local dim3 gridDim;
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline float __log2f(float x) { return std::log2(x); }
+// Position (1-based) of the least significant set bit, 0 for 0.
+inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(static_cast<uint32_t>(x)) + 1; }
 inline float __uint_as_float(uint32_t x) {
     float f;
     std::memcpy(&f, &x, 4);

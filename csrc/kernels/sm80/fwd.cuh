@@ -213,31 +213,51 @@ __device__ __forceinline__ void store_empty_packed(const FwdParams& params, int 
 // one copy ahead of their use, so a cp.async issue never waits on a dependent global load.
 // Held in registers: the kernel passes it by reference with a separate `paged` flag (a pointer
 // that may be null made ptxas keep it in a 32-byte stack frame, LDL / STL per row).
+// Instructions count here: at one CTA per SM a decode step takes (instructions per warp) x
+// (cycles per instruction), and the page arithmetic had made paged copies execute 55% more
+// instructions than contiguous ones (bench/NOTES.md run 53).
 template <typename Traits>
 struct PagedKVRows {
     using KVCopy = typename Traits::KVCopy;
     static constexpr int kSteps = KVCopy::kRowSteps;
-    int page[kSteps];         // block_table entry of the row's page (0 past the valid rows)
+    int page[kSteps];         // block_table entry of the row's page (past the valid rows: any)
     int row_in_page[kSteps];  // the row's position inside its page
 
+    // This sequence's block-table row (batch = blockIdx.y); the kernel computes it once.
+    __device__ __forceinline__ static const int* table_row(const FwdParams& params) {
+        return params.block_table +
+               static_cast<int64_t>(blockIdx.y) * params.block_table_batch_stride;
+    }
+
     // Key block n_block (keys [n_block kBlockN, ...) of the sequence, valid_rows of them real)
-    // of the sequence whose key 0 sits at cache position pos0.
-    __device__ __forceinline__ void lookup(const FwdParams& params, int pos0, int n_block,
-                                           int valid_rows, int tid) {
-        // This sequence's block-table row (batch = blockIdx.y).
-        const int* block_table =
-            params.block_table + static_cast<int64_t>(blockIdx.y) * params.block_table_batch_stride;
+    // of the sequence whose key 0 sits at cache position pos0 (pos0 >= 0: every position and
+    // block-table index here is non-negative, so 32-bit unsigned index math is exact).
+    __device__ __forceinline__ void lookup(const FwdParams& params, const int* table, int pos0,
+                                           int n_block, int valid_rows, int tid) {
         const int row0 = KVCopy::thread_row(tid);
         const int page_size = params.page_block_size;
-        // One division per block: the thread's rows are kRowsPerStep apart, so with pages of at
-        // least kRowsPerStep rows each step crosses at most one page boundary.
         const int pos_first = pos0 + n_block * Traits::kBlockN + row0;
+        // A row past the valid ones reads the sequence's first entry (always there) instead of
+        // one past its block-table row; its copies read nothing.
+        if ((page_size & (page_size - 1)) == 0) {
+            // Power-of-two pages (every size in practice): a shift and a mask per row step.
+            const int shift = __ffs(page_size) - 1;
+#pragma unroll
+            for (int r = 0; r < kSteps; ++r) {
+                const int pos = pos_first + r * KVCopy::kRowsPerStep;
+                const bool valid = row0 + r * KVCopy::kRowsPerStep < valid_rows;
+                row_in_page[r] = pos & (page_size - 1);
+                page[r] = table[valid ? static_cast<uint32_t>(pos) >> shift : 0u];
+            }
+            return;
+        }
+        // Other page sizes: one division per block; the thread's rows are kRowsPerStep apart,
+        // so with pages of at least kRowsPerStep rows each step crosses at most one boundary.
         int p = pos_first / page_size;
         int in_page = pos_first - p * page_size;
         const bool step_by_wrap = page_size >= KVCopy::kRowsPerStep;
 #pragma unroll
         for (int r = 0; r < kSteps; ++r) {
-            const int tile_row = row0 + r * KVCopy::kRowsPerStep;
             if (r > 0) {
                 if (step_by_wrap) {
                     in_page += KVCopy::kRowsPerStep;
@@ -251,15 +271,17 @@ struct PagedKVRows {
                     in_page = pos - p * page_size;
                 }
             }
+            const bool valid = row0 + r * KVCopy::kRowsPerStep < valid_rows;
             row_in_page[r] = in_page;
-            page[r] = tile_row < valid_rows ? block_table[p] : 0;
+            page[r] = table[valid ? static_cast<uint32_t>(p) : 0u];
         }
     }
 };
 
 // K / V tile of key block n_block (keys [n_block kBlockN, ...) of the sequence, valid_rows of
 // them real) into shared memory: contiguous rows, or (paged) the rows a PagedKVRows lookup of
-// this block found.
+// this block found. Paged: page_stride and row_stride fit in 32 bits (checks.cpp
+// check_paged_cache_strides), so a row's address is two 32 x 32 -> 64-bit multiply-adds.
 template <typename Element, typename Traits>
 __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t smem_tile,
                                              const Element* seq, int64_t page_stride,
@@ -275,13 +297,21 @@ __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t s
                            seq + static_cast<int64_t>(n_block) * Traits::kBlockN * row_stride,
                            row_stride, valid_rows, params.d, tid);
     } else {
+        // Byte strides: below 2^32 (the element strides are below 2^31), and page ids and rows
+        // are non-negative, so a row address is two 32 x 32 -> 64-bit unsigned multiply-adds.
+        const uint32_t page_bytes = static_cast<uint32_t>(page_stride * sizeof(Element));
+        const uint32_t row_bytes = static_cast<uint32_t>(row_stride * sizeof(Element));
+        const uint64_t thread_base =
+            reinterpret_cast<uint64_t>(seq + KVCopy::thread_col(tid));  // its first chunk
         KVCopy::load_async_gather_steps(
             smem_tile,
             [&](auto r) {
-                return seq + static_cast<int64_t>(paged_rows.page[r]) * page_stride +
-                       static_cast<int64_t>(paged_rows.row_in_page[r]) * row_stride;
+                const uint64_t row_start = ptx::mad_wide_u32(
+                    static_cast<uint32_t>(paged_rows.row_in_page[r]), row_bytes, thread_base);
+                return reinterpret_cast<const Element*>(ptx::mad_wide_u32(
+                    static_cast<uint32_t>(paged_rows.page[r]), page_bytes, row_start));
             },
-            seq, valid_rows, params.d, tid);
+            valid_rows, params.d, tid);
     }
 }
 
@@ -580,7 +610,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     return q_seq + static_cast<int64_t>(pr.pos) * params.q_row_stride +
                            static_cast<int64_t>(pr.head) * params.q_head_stride;
                 },
-                q_seq, valid_q_rows, params.d, tid);
+                valid_q_rows, params.d, tid);
         } else {
             const Element* q_tile = q_seq + head * params.q_head_stride + m0 * params.q_row_stride;
             QCopy::load_async(smem_q, q_tile, params.q_row_stride, valid_q_rows, params.d, tid);
@@ -616,11 +646,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // of the K copy that needs it).
     const bool paged = Traits::kPagedKV && params.block_table != nullptr;
     PagedKVRows<Traits> paged_rows;
+    const int* block_table_row = paged ? PagedKVRows<Traits>::table_row(params) : nullptr;
     auto block_of = [&](int it) { return n_block_max - 1 - it; };
     auto lookup_pages = [&](int it, const KVSource& src) {
         if (paged) {
-            paged_rows.lookup(params, src.pos0, block_of(it), seqlen_k - block_of(it) * kBlockN,
-                              tid);
+            paged_rows.lookup(params, block_table_row, src.pos0, block_of(it),
+                              seqlen_k - block_of(it) * kBlockN, tid);
         }
     };
     auto load_k = [&](int it, const KVSource& src) {

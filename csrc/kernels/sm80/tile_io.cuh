@@ -111,6 +111,10 @@ struct TileCopy {
     // [0, valid_cols); the rest of the tile is zero-filled (no global byte outside is read).
     // gmem_thread: this thread's first chunk, gmem_tile + thread_offset(tid, row_stride).
     // Does not commit the cp.async group.
+    // A chunk outside the valid rows / columns is a cp.async with src-size 0 at the address it
+    // would have (which may lie past the tensor): no byte is read there (ptx::cp_async_16), so
+    // no address select is spent per chunk. At one CTA per SM a decode step's time is its
+    // instruction count (bench/NOTES.md run 53).
     template <typename Element>
     __device__ __forceinline__ static void load_async_from_thread(uint32_t smem_tile,
                                                                   const Element* gmem_thread,
@@ -125,11 +129,9 @@ struct TileCopy {
             const Element* gmem_row = gmem_thread + r * step_stride;
             static_for_each<kAtoms>([&](auto a) {
                 const bool in_bounds = row_ok && col + a * Tile::kAtomCols < valid_cols;
-                // Out of bounds: src-size 0 reads nothing; pass an address that is never used.
-                const Element* src = in_bounds ? gmem_row + a * Tile::kAtomCols : gmem_thread;
                 ptx::cp_async_16(
                     Tile::template stepped<r * kRowsPerStep, a * Tile::kAtomCols>(smem_thread),
-                    src, in_bounds);
+                    gmem_row + a * Tile::kAtomCols, in_bounds);
             });
         });
     }
@@ -143,40 +145,38 @@ struct TileCopy {
                                valid_rows, valid_cols, tid);
     }
 
-    // The same with rows gathered from anywhere (paged KV cache): row_ptr(r) returns the global
-    // address of tile row r (column 0), called only for rows r < valid_rows, once per row step.
-    template <typename Element, typename RowPtr>
+    // The same with rows gathered from anywhere (paged KV cache, packed GQA rows): row_ptr(r)
+    // returns the global address of tile row r (column 0), once per row step. It is called for
+    // rows past valid_rows too; nothing is read there, so their address need not be valid.
+    template <typename RowPtr>
     __device__ __forceinline__ static void load_async_gather(uint32_t smem_tile, RowPtr&& row_ptr,
-                                                             const Element* any_valid,
                                                              int valid_rows, int valid_cols,
                                                              int tid) {
-        const int row = thread_row(tid);
+        const int row = thread_row(tid), col = thread_col(tid);
         load_async_gather_steps(
-            smem_tile, [&](auto step) { return row_ptr(row + step * kRowsPerStep); }, any_valid,
+            smem_tile, [&](auto step) { return row_ptr(row + step * kRowsPerStep) + col; },
             valid_rows, valid_cols, tid);
     }
 
-    // The same, with row_ptr(step) taking this thread's row step (a std::integral_constant in
-    // [0, kRowSteps): tile row thread_row(tid) + step * kRowsPerStep), for per-step values a
-    // caller keeps in registers.
-    template <typename Element, typename StepRowPtr>
+    // The same, with chunk_ptr(step) taking this thread's row step (a std::integral_constant in
+    // [0, kRowSteps): tile row thread_row(tid) + step * kRowsPerStep) and returning the global
+    // address of the thread's first chunk in that row (row start + thread_col(tid)), for
+    // per-step values a caller keeps in registers.
+    template <typename StepChunkPtr>
     __device__ __forceinline__ static void load_async_gather_steps(uint32_t smem_tile,
-                                                                   StepRowPtr&& row_ptr,
-                                                                   const Element* any_valid,
+                                                                   StepChunkPtr&& chunk_ptr,
                                                                    int valid_rows,
                                                                    int valid_cols, int tid) {
         const int row = thread_row(tid), col = thread_col(tid);
         const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
         static_for_each<kRowSteps>([&](auto r) {
-            const int tile_row = row + r * kRowsPerStep;
-            const bool row_ok = tile_row < valid_rows;
-            const Element* gmem_row = row_ok ? row_ptr(r) + col : any_valid;
+            const bool row_ok = row + r * kRowsPerStep < valid_rows;
+            const auto* gmem_row = chunk_ptr(r);  // const Element*
             static_for_each<kAtoms>([&](auto a) {
                 const bool in_bounds = row_ok && col + a * Tile::kAtomCols < valid_cols;
-                const Element* src = in_bounds ? gmem_row + a * Tile::kAtomCols : any_valid;
                 ptx::cp_async_16(
                     Tile::template stepped<r * kRowsPerStep, a * Tile::kAtomCols>(smem_thread),
-                    src, in_bounds);
+                    gmem_row + a * Tile::kAtomCols, in_bounds);
             });
         });
     }

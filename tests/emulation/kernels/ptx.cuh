@@ -63,6 +63,9 @@ inline void st_shared_4(uint32_t addr, uint32_t value) {
 
 inline uint32_t opaque(uint32_t x) { return x; }
 inline int opaque(int x) { return x; }
+inline uint64_t mad_wide_u32(uint32_t a, uint32_t b, uint64_t c) {
+    return static_cast<uint64_t>(a) * b + c;
+}
 inline int thread_index_fresh() { return static_cast<int>(threadIdx.x); }
 
 inline uint16_t load_b16(uint32_t addr) {
