@@ -36,9 +36,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
 }
 
 // cp.async.cg.shared.global (16 bytes, L2 only): asynchronous global -> shared copy. When
-// `in_bounds` is false no global byte is read (src-size 0) and the 16 shared bytes are zeroed;
-// gmem_src is then not accessed, so it may point past the tensor (the tile copies rely on
-// this instead of selecting a safe address per chunk).
+// `in_bounds` is false no global byte is read (src-size 0) and the 16 shared bytes are zeroed.
 __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src,
                                             bool in_bounds) {
     const int src_bytes = in_bounds ? 16 : 0;

@@ -111,10 +111,6 @@ struct TileCopy {
     // [0, valid_cols); the rest of the tile is zero-filled (no global byte outside is read).
     // gmem_thread: this thread's first chunk, gmem_tile + thread_offset(tid, row_stride).
     // Does not commit the cp.async group.
-    // A chunk outside the valid rows / columns is a cp.async with src-size 0 at the address it
-    // would have (which may lie past the tensor): no byte is read there (ptx::cp_async_16), so
-    // no address select is spent per chunk. At one CTA per SM a decode step's time is its
-    // instruction count (bench/NOTES.md run 53).
     template <typename Element>
     __device__ __forceinline__ static void load_async_from_thread(uint32_t smem_tile,
                                                                   const Element* gmem_thread,
@@ -129,9 +125,11 @@ struct TileCopy {
             const Element* gmem_row = gmem_thread + r * step_stride;
             static_for_each<kAtoms>([&](auto a) {
                 const bool in_bounds = row_ok && col + a * Tile::kAtomCols < valid_cols;
+                // Out of bounds: src-size 0 reads nothing; pass an address that is never used.
+                const Element* src = in_bounds ? gmem_row + a * Tile::kAtomCols : gmem_thread;
                 ptx::cp_async_16(
                     Tile::template stepped<r * kRowsPerStep, a * Tile::kAtomCols>(smem_thread),
-                    gmem_row + a * Tile::kAtomCols, in_bounds);
+                    src, in_bounds);
             });
         });
     }
@@ -145,23 +143,29 @@ struct TileCopy {
                                valid_rows, valid_cols, tid);
     }
 
-    // The same with rows gathered from anywhere (paged KV cache, packed GQA rows): row_ptr(r)
-    // returns the global address of tile row r (column 0), once per row step. It is called for
-    // rows past valid_rows too; nothing is read there, so their address need not be valid.
+    // The same with rows gathered from anywhere (packed GQA rows): row_ptr(r) returns the global
+    // address of tile row r (column 0), once per row step; rows past valid_rows take the last
+    // valid row's address (never read: src-size 0).
     template <typename RowPtr>
     __device__ __forceinline__ static void load_async_gather(uint32_t smem_tile, RowPtr&& row_ptr,
                                                              int valid_rows, int valid_cols,
                                                              int tid) {
         const int row = thread_row(tid), col = thread_col(tid);
+        const int last_row = valid_rows > 0 ? valid_rows - 1 : 0;
         load_async_gather_steps(
-            smem_tile, [&](auto step) { return row_ptr(row + step * kRowsPerStep) + col; },
+            smem_tile,
+            [&](auto step) { return row_ptr(min(row + step * kRowsPerStep, last_row)) + col; },
             valid_rows, valid_cols, tid);
     }
 
     // The same, with chunk_ptr(step) taking this thread's row step (a std::integral_constant in
     // [0, kRowSteps): tile row thread_row(tid) + step * kRowsPerStep) and returning the global
     // address of the thread's first chunk in that row (row start + thread_col(tid)), for
-    // per-step values a caller keeps in registers.
+    // per-step values a caller keeps in registers. Every row step's address must lie in the
+    // tensor: rows past valid_rows are not read (src-size 0) but their address is used as it
+    // is, with no select per chunk, which the paged decode copies cannot afford at one CTA per
+    // SM (bench/NOTES.md run 53). Chunks past valid_cols (a head dim below the tile width) are
+    // not read either; their address lies past the row's last element by less than a tile row.
     template <typename StepChunkPtr>
     __device__ __forceinline__ static void load_async_gather_steps(uint32_t smem_tile,
                                                                    StepChunkPtr&& chunk_ptr,
