@@ -292,10 +292,18 @@ __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t s
     // Paged caches only in the decode tile's kernels (Traits::kPagedKV; the host sends every
     // paged call there): next to the 128-row tile's main loop at d = 128 the gather path costs
     // a few spilled registers.
+    // A whole tile (every block but a sequence's last, at head dim = tile width) needs no
+    // bounds per chunk: decode kernels only (Traits::kPagedKV), where a copy's instructions
+    // count at one CTA per SM (bench/NOTES.md run 53).
+    const bool whole_tile = Traits::kPagedKV && valid_rows >= Traits::kBlockN &&
+                            params.d == Traits::kHeadDim;
     if (!Traits::kPagedKV || !paged) {
-        KVCopy::load_async(smem_tile,
-                           seq + static_cast<int64_t>(n_block) * Traits::kBlockN * row_stride,
-                           row_stride, valid_rows, params.d, tid);
+        const Element* tile = seq + static_cast<int64_t>(n_block) * Traits::kBlockN * row_stride;
+        if (whole_tile) {
+            KVCopy::load_async_full(smem_tile, tile, row_stride, tid);
+        } else {
+            KVCopy::load_async(smem_tile, tile, row_stride, valid_rows, params.d, tid);
+        }
     } else {
         // Byte strides: below 2^32 (the element strides are below 2^31), and page ids and rows
         // are non-negative, so a row address is two 32 x 32 -> 64-bit unsigned multiply-adds.
@@ -303,15 +311,18 @@ __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t s
         const uint32_t row_bytes = static_cast<uint32_t>(row_stride * sizeof(Element));
         const uint64_t thread_base =
             reinterpret_cast<uint64_t>(seq + KVCopy::thread_col(tid));  // its first chunk
-        KVCopy::load_async_gather_steps(
-            smem_tile,
-            [&](auto r) {
-                const uint64_t row_start = ptx::mad_wide_u32(
-                    static_cast<uint32_t>(paged_rows.row_in_page[r]), row_bytes, thread_base);
-                return reinterpret_cast<const Element*>(ptx::mad_wide_u32(
-                    static_cast<uint32_t>(paged_rows.page[r]), page_bytes, row_start));
-            },
-            valid_rows, params.d, tid);
+        auto chunk = [&](auto r) {
+            const uint64_t row_start = ptx::mad_wide_u32(
+                static_cast<uint32_t>(paged_rows.row_in_page[r]), row_bytes, thread_base);
+            return reinterpret_cast<const Element*>(ptx::mad_wide_u32(
+                static_cast<uint32_t>(paged_rows.page[r]), page_bytes, row_start));
+        };
+        if (whole_tile) {
+            KVCopy::template load_async_gather_steps<true>(smem_tile, chunk, valid_rows,
+                                                           params.d, tid);
+        } else {
+            KVCopy::load_async_gather_steps(smem_tile, chunk, valid_rows, params.d, tid);
+        }
     }
 }
 

@@ -134,6 +134,26 @@ struct TileCopy {
         });
     }
 
+    // The same for a whole tile (valid_rows >= kRows, valid_cols >= kCols; the caller checks):
+    // no per-chunk bounds, so no predicates and no address selects.
+    template <typename Element>
+    __device__ __forceinline__ static void load_async_full(uint32_t smem_tile,
+                                                           const Element* gmem_tile,
+                                                           int64_t row_stride, int tid) {
+        const int row = thread_row(tid), col = thread_col(tid);
+        const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
+        const Element* gmem_thread = gmem_tile + thread_offset(tid, row_stride);
+        const int64_t step_stride = kRowsPerStep * row_stride;
+        static_for_each<kRowSteps>([&](auto r) {
+            const Element* gmem_row = gmem_thread + r * step_stride;
+            static_for_each<kAtoms>([&](auto a) {
+                ptx::cp_async_16(
+                    Tile::template stepped<r * kRowsPerStep, a * Tile::kAtomCols>(smem_thread),
+                    gmem_row + a * Tile::kAtomCols, true);
+            });
+        });
+    }
+
     // The same from the tile start.
     template <typename Element>
     __device__ __forceinline__ static void load_async(uint32_t smem_tile, const Element* gmem_tile,
@@ -166,7 +186,8 @@ struct TileCopy {
     // is, with no select per chunk, which the paged decode copies cannot afford at one CTA per
     // SM (bench/NOTES.md run 53). Chunks past valid_cols (a head dim below the tile width) are
     // not read either; their address lies past the row's last element by less than a tile row.
-    template <typename StepChunkPtr>
+    // kWholeTile: the caller knows valid_rows >= kRows and valid_cols >= kCols (no predicates).
+    template <bool kWholeTile = false, typename StepChunkPtr>
     __device__ __forceinline__ static void load_async_gather_steps(uint32_t smem_tile,
                                                                    StepChunkPtr&& chunk_ptr,
                                                                    int valid_rows,
@@ -177,7 +198,8 @@ struct TileCopy {
             const bool row_ok = row + r * kRowsPerStep < valid_rows;
             const auto* gmem_row = chunk_ptr(r);  // const Element*
             static_for_each<kAtoms>([&](auto a) {
-                const bool in_bounds = row_ok && col + a * Tile::kAtomCols < valid_cols;
+                const bool in_bounds =
+                    kWholeTile || (row_ok && col + a * Tile::kAtomCols < valid_cols);
                 ptx::cp_async_16(
                     Tile::template stepped<r * kRowsPerStep, a * Tile::kAtomCols>(smem_thread),
                     gmem_row + a * Tile::kAtomCols, in_bounds);
