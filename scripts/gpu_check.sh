@@ -15,6 +15,10 @@
 #   SM80_TESTS    a pytest selection run again after the tests with FLASH_CUDA_SM90=0: the sm80
 #                 kernels (what an A100 runs) on the calls the sm90 ones take by default here,
 #                 e.g. "tests -k 'not sm90'"
+#   SANITIZE      compute-sanitizer tools to run scripts/sanitize_kernels.py under (small ragged
+#                 calls of every kernel family), e.g. "memcheck" or "memcheck racecheck"; each
+#                 runs with the default kernels and with FLASH_CUDA_SM90=0 (SANITIZE_TIMEOUT, 240 s
+#                 per run)
 #   PYTEST_MAXFAIL (1)  stop after this many failing tests
 #   PYTEST_TIMEOUT (420)  BUILD_TIMEOUT (480)  BENCH_TIMEOUT (540)   seconds per step
 #   BENCH_ARGS    arguments of bench/bench_attention.py (default: --quick; --full: the grid)
@@ -123,6 +127,28 @@ if [ -n "${SM80_TESTS:-}" ] && want "${SKIP_TESTS:-0}" sm80-tests "${PYTEST_TIME
     run_tests "sm80 tests (FLASH_CUDA_SM90=0)" sm80_tests.log FLASH_CUDA_SM90=0 -- \
         "${selection[@]}" --maxfail="${PYTEST_MAXFAIL:-1}" -o faulthandler_timeout=120
 fi
+
+# (b3) compute-sanitizer over scripts/sanitize_kernels.py
+for tool in ${SANITIZE:-}; do
+    for sm90 in default 0; do
+        want "${SKIP_TESTS:-0}" "sanitize $tool" "${SANITIZE_TIMEOUT:-240}" || continue
+        log="sanitize_${tool}_sm90${sm90}.log"
+        echo "== compute-sanitizer --tool $tool (FLASH_CUDA_SM90=$sm90, timeout ${t}s)"
+        if [ "$sm90" = default ]; then envs=(); else envs=(FLASH_CUDA_SM90="$sm90"); fi
+        env "${envs[@]}" timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 7 \
+            python3 scripts/sanitize_kernels.py > "$OUT/$log" 2>&1
+        rc=$?
+        line=$(grep -m 1 "ERROR SUMMARY" "$OUT/$log")
+        if [ $rc -eq 0 ] && grep -q '^ok$' "$OUT/$log"; then
+            SUMMARY+=("sanitize $tool (FLASH_CUDA_SM90=$sm90): ok ${line}")
+        else
+            status=1
+            SUMMARY+=("sanitize $tool (FLASH_CUDA_SM90=$sm90): FAILED (rc $rc) ${line}")
+            SUMMARY+=("$(grep -m 6 -E 'Invalid|ERROR|Error|error' "$OUT/$log")")
+        fi
+        echo "${SUMMARY[-1]}"
+    done
+done
 
 # (c) benchmark (it writes $OUT/bench.json after every measurement, $OUT/bench.md at the end)
 if want "${SKIP_BENCH:-0}" bench "${BENCH_TIMEOUT:-540}"; then

@@ -1,0 +1,121 @@
+"""Small, ragged calls of every kernel family, for `compute-sanitizer --tool memcheck` (and
+racecheck / synccheck): each tensor its own allocation (PYTORCH_NO_CUDA_MEMORY_CACHING=1, set
+here before torch loads), lengths that end mid-tile, and caches whose last row is in use, so a
+read past a tensor reaches memory that no allocation owns.
+
+    compute-sanitizer --tool memcheck --error-exitcode 7 python3 scripts/sanitize_kernels.py
+
+It checks no values (the GPU tests do); it prints one line per call and "ok" at the end.
+`--device cpu` runs the same calls on the reference path (a smoke test of this script).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import flash_cuda  # noqa: E402
+
+DEV = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
+DT = torch.bfloat16 if DEV == "cuda" else torch.float32
+gen = torch.Generator(device=DEV).manual_seed(0)
+
+
+def rand(*shape, grad=False):
+    t = torch.randn(*shape, device=DEV, dtype=DT, generator=gen)
+    return t.requires_grad_(grad)
+
+
+def ints(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEV)
+
+
+def run(name, fn):
+    fn()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    print(name, flush=True)
+
+
+def paged(k_dense, v_dense, lengths, page):
+    """(k_pages, v_pages, block_table) of a dense (b, capacity, hk, d) cache; the pages are
+    shuffled, and the physically last page belongs to the longest sequence's last block, which
+    that sequence fills, so its last row is the last row of the tensor."""
+    b, cap, hk, d = k_dense.shape
+    per_seq = cap // page
+    n = b * per_seq
+    order = torch.randperm(n - 1, generator=torch.Generator().manual_seed(1)).tolist()
+    longest = max(range(b), key=lambda i: lengths[i])
+    table = torch.empty(b, per_seq, dtype=torch.int32)
+    it = iter(order)
+    for i in range(b):
+        for j in range(per_seq):
+            table[i, j] = n - 1 if (i, j) == (longest, per_seq - 1) else next(it)
+    kp = torch.empty(n, page, hk, d, device=DEV, dtype=DT)
+    vp = torch.empty_like(kp)
+    for i in range(b):
+        for j in range(per_seq):
+            kp[table[i, j]] = k_dense[i, j * page:(j + 1) * page]
+            vp[table[i, j]] = v_dense[i, j * page:(j + 1) * page]
+    return kp, vp, table.to(DEV)
+
+
+def decode_calls():
+    for d in (64, 80, 128, 256):  # 80: a head dim below its tile width (96)
+        b, hk, cap = 3, 2, 320  # a multiple of every page size below
+        lengths = [cap, 77, 5]  # one full (its last row is the cache's last row), two ragged
+        k_dense, v_dense = rand(b, cap, hk, d), rand(b, cap, hk, d)
+        seqlens = ints(lengths)
+        for h, sq in ((2, 1), (8, 1), (8, 4), (16, 3)):  # MHA, GQA re-strided, packed in kernel
+            q = rand(b, sq, h, d)
+            for splits in (1, 3):
+                run(f"decode d{d} h{h}/{hk} q{sq} splits {splits} contiguous",
+                    lambda: flash_cuda.flash_attn_with_kvcache(
+                        q, k_dense, v_dense, cache_seqlens=seqlens, causal=True,
+                        num_splits=splits))
+                for page in (16, 5, 64):
+                    kp, vp, table = paged(k_dense, v_dense, lengths, page)
+                    run(f"decode d{d} h{h}/{hk} q{sq} splits {splits} page {page}",
+                        lambda: flash_cuda.flash_attn_with_kvcache(
+                            q, kp, vp, cache_seqlens=seqlens, block_table=table, causal=True,
+                            num_splits=splits))
+
+
+def prefill_calls():
+    for d in (64, 80, 128):
+        lens_q, lens_k = [37, 1, 100], [37, 64, 130]
+        cu_q = ints([0] + torch.tensor(lens_q).cumsum(0).tolist())
+        cu_k = ints([0] + torch.tensor(lens_k).cumsum(0).tolist())
+        h, hk = 4, 2
+        q = rand(sum(lens_q), h, d, grad=True)
+        k, v = rand(sum(lens_k), hk, d, grad=True), rand(sum(lens_k), hk, d, grad=True)
+
+        def fwd_bwd(causal):
+            out = flash_cuda.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q),
+                                                    max(lens_k), causal=causal)
+            out.backward(torch.ones_like(out))
+
+        for causal in (False, True):
+            run(f"varlen fwd+bwd d{d} causal {causal}", lambda: fwd_bwd(causal))
+        cap = 192
+        k_dense, v_dense = rand(3, cap, hk, d), rand(3, cap, hk, d)
+        kp, vp, table = paged(k_dense, v_dense, lens_k[:2] + [cap], 16)
+        cu_kp = ints([0, lens_k[0], lens_k[0] + lens_k[1], lens_k[0] + lens_k[1] + cap])
+        run(f"paged varlen prefill d{d}",
+            lambda: flash_cuda.flash_attn_varlen_func(q.detach(), kp, vp, cu_q, cu_kp,
+                                                      max(lens_q), cap, causal=True,
+                                                      block_table=table))
+        for s in (77, 300):
+            qb, kb, vb = (rand(2, s, 4, d, grad=True) for _ in range(3))
+            out = flash_cuda.flash_attn_func(qb, kb, vb, causal=True)
+            run(f"fixed fwd+bwd d{d} s{s}", lambda: out.backward(torch.ones_like(out)))
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    decode_calls()
+    prefill_calls()
+    print("ok")
