@@ -76,6 +76,14 @@ CASES = [
      dict(num_splits=0, softcap=30.0, pack_gqa=True)),
     ("d80-sq4-split16", torch.bfloat16, 80, 1, 2, 1, 4, 256, None, [250],
      dict(num_splits=16, causal=True)),
+    # Head dims whose tile rows are three 32-column atoms: d80 (below its d96 tile width: the
+    # chunks past the row's columns are zero-filled), d96 (every block but the last a whole tile).
+    ("paged16-d80-split2", torch.bfloat16, 80, 2, 4, 2, 1, 192, 16, [192, 70],
+     dict(num_splits=2, pack_gqa=True)),
+    ("paged32-d96-whole-tiles", torch.float16, 96, 1, 2, 1, 1, 320, 32, [320],
+     dict(num_splits=1)),
+    ("d96-whole-tiles-split2", torch.float16, 96, 2, 2, 2, 1, 320, None, [320, 200],
+     dict(num_splits=2)),
     # In-kernel GQA packing (several query rows per KV head group, or a left window).
     ("inkernel-sq8-g8-causal-split3", torch.bfloat16, 128, 2, 8, 1, 8, 320, None, [300, 9],
      dict(num_splits=3, causal=True, pack_gqa=True)),
