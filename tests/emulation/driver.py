@@ -99,8 +99,8 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     keysplit: True / False set FLASH_CUDA_DECODE_KEYSPLIT=1 / 0 for the run (the key-split decode
     tile, on by default, kernels/decode.h), None leaves the environment as it is. sm90: True or
     "pingpong" runs the sm90 forward (kernels/sm90/fwd_sm90.cuh; "pingpong": its variant whose
-    warpgroups take turns at the tensor cores) where it covers the call (EMU_SM90; the emulator prints "sm90 forward"
-    when it ran). The emulator's stdout (which says which tile ran) is kept
+    warpgroups take turns at the tensor cores) where it covers the call (EMU_SM90; the emulator
+    prints "sm90 forward" when it ran). The emulator's stdout (which says which tile ran) is kept
     in LAST_STDOUT."""
     global LAST_STDOUT
     varlen = cu_seqlens_q is not None

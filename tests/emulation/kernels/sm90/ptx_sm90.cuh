@@ -321,28 +321,22 @@ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
 
 // ---- named barriers ----
 
+// Named barrier `id` of `threads` threads, made at its first use (`what`: the instruction, for
+// the error message).
+inline std::barrier<>* named_barrier(uint32_t id, uint32_t threads, const char* what) {
+    if (id == 0 || id > 15 || threads % 32 != 0) emu::fail(what, id);
+    std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
+    auto& slot = emu::block().named_barriers[id];
+    if (!slot) slot = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(threads));
+    return slot.get();
+}
+
 inline void named_barrier_sync(uint32_t id, uint32_t threads) {
-    if (id == 0 || id > 15 || threads % 32 != 0) emu::fail("bar.sync: bad id or thread count", id);
-    std::barrier<>* bar;
-    {
-        std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
-        auto& slot = emu::block().named_barriers[id];
-        if (!slot) slot = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(threads));
-        bar = slot.get();
-    }
-    bar->arrive_and_wait();
+    named_barrier(id, threads, "bar.sync: bad id or thread count")->arrive_and_wait();
 }
 
 inline void named_barrier_arrive(uint32_t id, uint32_t threads) {
-    if (id == 0 || id > 15 || threads % 32 != 0) emu::fail("bar.arrive: bad id or thread count", id);
-    std::barrier<>* bar;
-    {
-        std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
-        auto& slot = emu::block().named_barriers[id];
-        if (!slot) slot = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(threads));
-        bar = slot.get();
-    }
-    auto token = bar->arrive();
+    auto token = named_barrier(id, threads, "bar.arrive: bad id or thread count")->arrive();
     (void)token;
 }
 
