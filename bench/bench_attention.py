@@ -40,6 +40,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -71,6 +72,16 @@ FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", *SM90_MODES)
 STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
                  "illegal instruction", "device-side assert", "launch timed out",
                  "uncorrectable ECC", "CUDA error: unknown error", "context is destroyed")
+
+
+def paged_impl_spec(impl: str):
+    """(page, in_order, num_splits) of a paged decode impl: flash_cuda_p<page>,
+    flash_cuda_po<page> (pages in cache order), flash_cuda_p<page>s<n> (explicit num_splits);
+    None for any other impl."""
+    m = re.fullmatch(r"flash_cuda_p(o?)(\d+)(?:s(\d+))?", impl)
+    if m is None:
+        return None
+    return int(m.group(2)), m.group(1) == "o", int(m.group(3) or 0)
 
 
 @contextlib.contextmanager
@@ -639,14 +650,19 @@ class Bench:
         for impl in impls:  # flash_cuda and its variants, in the order of --impls
             if impl == "flash_cuda" or impl in DECODE_ENV_IMPLS:
                 timed(impl, flash())
-        for impl in impls:  # --paged (flash_cuda_p<page>), --paged-in-order (flash_cuda_po<page>)
-            page_spec = impl[len("flash_cuda_p"):] if impl.startswith("flash_cuda_p") else ""
-            in_order = page_spec.startswith("o")
-            if page_spec.removeprefix("o").isdigit():
-                page = int(page_spec.removeprefix("o"))
-                paged = self.paged_cache(kc, vc, page, shuffle=not in_order)
-                timed(impl, flash(*paged) if isinstance(paged, tuple) else self.raiser(paged))
-                del paged
+        # --paged (flash_cuda_p<page>), --paged-in-order (flash_cuda_po<page>), --paged with
+        # --decode-splits (flash_cuda_p<page>s<num_splits>): one paged copy per page spec.
+        paged_impls = {}
+        for impl in impls:
+            spec = paged_impl_spec(impl)
+            if spec is not None:
+                paged_impls.setdefault(spec[:2], []).append((impl, spec[2]))
+        for (page, in_order), group in paged_impls.items():
+            paged = self.paged_cache(kc, vc, page, shuffle=not in_order)
+            for impl, splits in group:
+                timed(impl, flash(*paged, num_splits=splits) if isinstance(paged, tuple)
+                      else self.raiser(paged))
+            del paged
         for impl in impls:  # --decode-splits: explicit num_splits (0: the heuristic)
             if impl.startswith("flash_cuda_s") and impl[len("flash_cuda_s"):].isdigit():
                 timed(impl, flash(num_splits=int(impl[len("flash_cuda_s"):])))

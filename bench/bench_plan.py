@@ -119,6 +119,8 @@ def build_plan(args) -> list[dict]:
         if args.paged_in_order:
             dec_impls += [f"flash_cuda_po{p}" for p in args.paged if "flash_cuda" in impls]
         dec_impls += [f"flash_cuda_s{s}" for s in args.decode_splits if "flash_cuda" in impls]
+        dec_impls += [f"flash_cuda_p{p}s{s}" for p in args.paged for s in args.decode_splits
+                      if "flash_cuda" in impls]
         cases = [("decode", decode_case(b, kv, *args.decode_shape, sq))
                  for b, kv in (args.decode_cases or (DECODE_CASES[:1] if quick else DECODE_CASES))
                  for sq in args.decode_q]
@@ -226,9 +228,10 @@ def parse_args(argv=None, default_out="bench/results"):
                    help="with --paged: also time the same paged caches with their pages in cache "
                         "order (impl flash_cuda_po<page>): what scattering the pages costs")
     p.add_argument("--decode-splits", type=csv_ints, default=[],
-                   help="also time flash_cuda decode (contiguous cache) with each of these "
-                        "explicit num_splits, e.g. 0,1,8,32 (impl flash_cuda_s<n>; 0 = the "
-                        "heuristic, asked for explicitly; counts are clamped to the key blocks)")
+                   help="also time flash_cuda decode with each of these explicit num_splits, "
+                        "e.g. 0,1,8,32 (impl flash_cuda_s<n>; 0 = the heuristic, asked for "
+                        "explicitly; counts are clamped to the key blocks); with --paged also "
+                        "each paged cache (impl flash_cuda_p<page>s<n>)")
     p.add_argument("--no-graphs", action="store_true", help="decode: eager timing only")
     p.add_argument("--no-flush", action="store_true", help="decode: keep L2 warm between calls")
     p.add_argument("--l2-flush", choices=["memset", "read"], default="memset",

@@ -9,7 +9,8 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
   impl     flash_cuda | flash_cuda_det | flash_cuda_sm80 | flash_cuda_sm90 | flash_cuda_sm90fwd |
            flash_cuda_sm90pp | flash_cuda_cwarp | flash_cuda_nopdl | flash_cuda_p<page> |
            flash_cuda_po<page> (pages in order) |
-           flash_cuda_s<num_splits> | cudnn | fa2 | efficient | math
+           flash_cuda_s<num_splits> | flash_cuda_p<page>s<num_splits> | cudnn | fa2 | efficient |
+           math
   status   ok | error | oom | skip | unavailable   (`note` says why)
   figures  ms, tflops (prefill), tbps / tbps_graph (decode), extra_bytes (memory), check
 """
@@ -17,6 +18,7 @@ The results file holds `meta`, `ceilings` and `rows`; one row is one measurement
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 LABELS = {
@@ -44,6 +46,9 @@ STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 def label(impl: str) -> str:
     if impl in LABELS:
         return LABELS[impl]
+    split = split_impl_spec(impl)
+    if split is not None and split[0] != "flash_cuda":
+        return f"{label(split[0])} splits {split[1]}"
     if impl.startswith("flash_cuda_po"):
         return f"flash_cuda paged {impl[len('flash_cuda_po'):]} in order"
     if impl.startswith("flash_cuda_p"):
@@ -54,17 +59,29 @@ def label(impl: str) -> str:
 
 
 def impl_rank(impl: str) -> tuple:
-    # flash_cuda_p<page> / flash_cuda_po<page> / flash_cuda_s<splits> after flash_cuda,
-    # numerically.
+    # flash_cuda_p<page> / flash_cuda_po<page> / flash_cuda_s<splits> /
+    # flash_cuda_p<page>s<splits> after flash_cuda, numerically.
+    split = split_impl_spec(impl)
+    if split is not None and split[0] != "flash_cuda":
+        return (1, "flash_cuda_ps", int(split[0][len("flash_cuda_p"):]), split[1])
     for prefix in ("flash_cuda_p", "flash_cuda_po", "flash_cuda_s"):
         if impl.startswith(prefix) and impl[len(prefix):].isdigit():
-            return (1, prefix, int(impl[len(prefix):]))
-    return (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 1, impl, 0)
+            return (1, prefix, int(impl[len(prefix):]), 0)
+    return (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 1, impl, 0, 0)
+
+
+def split_impl_spec(impl: str):
+    """(the default call's impl, num_splits) of flash_cuda with an explicit num_splits (bench
+    --decode-splits): flash_cuda_s<n> -> ("flash_cuda", n), flash_cuda_p<page>s<n> ->
+    ("flash_cuda_p<page>", n); None for any other impl."""
+    m = re.fullmatch(r"flash_cuda_(p\d+)?s(\d+)", impl)
+    if m is None:
+        return None
+    return ("flash_cuda_" + m.group(1) if m.group(1) else "flash_cuda"), int(m.group(2))
 
 
 def is_split_impl(impl: str) -> bool:
-    """flash_cuda with an explicit num_splits (bench --decode-splits)."""
-    return impl.startswith("flash_cuda_s") and impl[len("flash_cuda_s"):].isdigit()
+    return split_impl_spec(impl) is not None
 
 
 class Table:
@@ -243,30 +260,38 @@ def render_decode(t: Table, section: str, compact: bool) -> list[str]:
 
 def render_split_sweep(t: Table, section: str) -> list[str]:
     """flash_cuda decode with explicit num_splits (--decode-splits) next to the default call and
-    cuDNN: graph-replay TB/s, the best count per case."""
-    splits = [i for i in t.impls(section) if is_split_impl(i)]
-    if not splits:
-        return []
-    header = (["case", "default"] + [f"s{i[len('flash_cuda_s'):]}" for i in splits] +
-              ["best", "best/default", "best/cuDNN"])
-    body = []
-    for cid in t.cases(section):
-        default = best_decode(t.get(section, cid, "decode", "flash_cuda"))
-        figs = [best_decode(t.get(section, cid, "decode", i)) for i in splits]
-        line = [cid, "" if default is None else f"{default:.2f}"]
-        line += ["" if f is None else f"{f:.2f}" for f in figs]
-        ok = [(f, i) for f, i in zip(figs, splits) if f is not None]
-        if ok:
-            f, i = max(ok)
-            line += [f"s{i[len('flash_cuda_s'):]}", ratio(f, default),
-                     ratio(f, best_decode(t.get(section, cid, "decode", "cudnn")))]
-        else:
-            line += ["", "", ""]
-        body.append(line)
-    name = {"decode": "Decode", "decode_grid": "Decode grid"}[section]
-    how = ("flash_cuda, contiguous cache, with num_splits forced (s0: the heuristic asked for "
-           "explicitly, the same call as default); TB/s of K+V, graph replay where it ran.")
-    return [f"### {name}: num_splits sweep", "", how, ""] + md_table(header, body) + [""]
+    cuDNN: graph-replay TB/s, the best count per case; one table for the contiguous cache and
+    one per paged cache."""
+    bases = {}  # the default call's impl -> [(num_splits, impl)]
+    for i in t.impls(section):
+        split = split_impl_spec(i)
+        if split is not None:
+            bases.setdefault(split[0], []).append((split[1], i))
+    out = []
+    for base, splits in bases.items():
+        header = (["case", "default"] + [f"s{n}" for n, _ in splits] +
+                  ["best", "best/default", "best/cuDNN"])
+        body = []
+        for cid in t.cases(section):
+            default = best_decode(t.get(section, cid, "decode", base))
+            figs = [best_decode(t.get(section, cid, "decode", i)) for _, i in splits]
+            line = [cid, "" if default is None else f"{default:.2f}"]
+            line += ["" if f is None else f"{f:.2f}" for f in figs]
+            ok = [(f, n) for f, (n, _) in zip(figs, splits) if f is not None]
+            if ok:
+                f, n = max(ok)
+                line += [f"s{n}", ratio(f, default),
+                         ratio(f, best_decode(t.get(section, cid, "decode", "cudnn")))]
+            else:
+                line += ["", "", ""]
+            body.append(line)
+        name = {"decode": "Decode", "decode_grid": "Decode grid"}[section]
+        cache = "contiguous cache" if base == "flash_cuda" else label(base)
+        title = f"### {name}: num_splits sweep" + ("" if base == "flash_cuda" else f", {cache}")
+        how = (f"flash_cuda, {cache}, with num_splits forced (s0: the heuristic asked for "
+               "explicitly, the same call as default); TB/s of K+V, graph replay where it ran.")
+        out += [title, "", how, ""] + md_table(header, body) + [""]
+    return out
 
 
 def best_decode(row):

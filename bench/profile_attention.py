@@ -10,6 +10,8 @@ Decode (--decode): one flash_attn_with_kvcache step (one query token, d128 bf16)
 cache held contiguously, then paged with its pages in cache order (the same addresses as the
 contiguous cache), then paged with the pages shuffled, each --page size in turn; all with
 --num-splits, so every launch has the same grid and only the paged address path differs.
+--cudnn adds the step through SDPA's cuDNN backend (its kernel is named after cuDNN's engine:
+profile without -k, or with a regex that also matches it).
 
     PYTHONPATH=. ncu --clock-control none -k regex:mha_fwd_sm80_kernel -c 5 \
         python3 bench/profile_attention.py --decode --batch 16 --kv 32768 --pages 16,256
@@ -50,6 +52,11 @@ def decode(args) -> None:
                                            block_table=block_table, num_splits=args.num_splits)
 
     step(k_cache, v_cache)
+    if args.cudnn:  # the same step through SDPA's cuDNN backend, layout (b, h, s, d)
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k_cache, v_cache))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hkv)
+        del qt, kt, vt
     for page in args.pages:
         n_pages = b * (kv // page)
         for order in (torch.arange(n_pages, device="cuda"),
@@ -74,8 +81,12 @@ def main() -> None:
     p.add_argument("--kv", type=int, default=32768, help="decode: cache length")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--pages", type=lambda s: [int(x) for x in s.split(",")], default=[16, 256])
+    p.add_argument("--pages", type=lambda s: [int(x) for x in s.split(",") if x],
+                   default=[16, 256], help="decode: page sizes of the paged steps (\"\": none)")
     p.add_argument("--num-splits", type=int, default=1)
+    p.add_argument("--cudnn", action="store_true",
+                   help="decode: also the step through SDPA's cuDNN backend (after the "
+                        "contiguous flash_cuda step)")
     args = p.parse_args()
     if args.decode:
         decode(args)

@@ -79,6 +79,12 @@ def test_decode_splits_plan(capsys):
     assert len(grid) == 3 * 4 * 4
     assert all(ln.split()[-1] == "flash_cuda,cudnn,flash_cuda_s0,flash_cuda_s8,flash_cuda_s32"
                for ln in grid)
+    # With --paged the paged caches are swept too.
+    lines = dry_run(capsys, "--modes", "decode", "--decode-cases", "8,1024", "--paged", "16",
+                    "--decode-splits", "1,4", "--impls", "flash_cuda,cudnn")
+    dec = [ln for ln in lines if ln.startswith("decode ")]
+    assert dec and all(ln.split()[-1] == "flash_cuda,cudnn,flash_cuda_p16,flash_cuda_s1,"
+                       "flash_cuda_s4,flash_cuda_p16s1,flash_cuda_p16s4" for ln in dec), dec
     # Without flash_cuda among the impls there is nothing to sweep.
     lines = dry_run(capsys, "--modes", "decode", "--decode-splits", "8", "--impls", "cudnn")
     assert all("flash_cuda_s" not in ln for ln in lines)
@@ -213,13 +219,15 @@ def test_smoke_run_with_stand_in_flash_cuda(tmp_path, monkeypatch, capsys):
     assert eff["status"] == "error"  # no EFFICIENT kernel on the CPU either
     assert page_orders == {True, False}
     for impl in ("flash_cuda", "flash_cuda_p16", "flash_cuda_po16", "flash_cuda_s0",
-                 "flash_cuda_s3"):
+                 "flash_cuda_s3", "flash_cuda_p16s0", "flash_cuda_p16s3"):
         dec = row("decode", "decode", impl)
         assert dec["status"] == "ok" and dec["tbps_best"] > 0 and dec["timing"] == "eager"
         assert dec["check"]["vs"] == "fa2" and dec["check"]["max_abs"] < 1e-4
-    assert [n for _, n in splits_seen] == [0, 0, 3], splits_seen  # default, s0, s3
+    # (paged, num_splits) in order of first use: default, paged (heuristic, then s3), s0, s3
+    assert splits_seen == [(False, 0), (True, 0), (True, 3), (False, 3)], splits_seen
     assert "### Decode: num_splits sweep" in md
-    assert "| case | default | s0 | s3 | best | best/default | best/cuDNN |" in md
+    assert "### Decode: num_splits sweep, flash_cuda paged 16" in md
+    assert md.count("| case | default | s0 | s3 | best | best/default | best/cuDNN |") == 2, md
     assert row("memory", "fwd", "flash_cuda")["status"] == "unavailable"  # needs CUDA
     assert "| head dim | causal | seqlen (batch) |" in md and "fwd: fc/FA2" in md
     assert "### Errors and unavailable measurements" in md
