@@ -67,6 +67,15 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kPendingGroups) : "memory");
 }
 
+// barrier.sync 0 without .aligned: the CTA-wide barrier of __syncthreads() (bar.sync 0, which
+// is barrier.sync.aligned 0) for code where warps reach it at different instructions, e.g. the
+// decode tile's idle warps keeping step with the computing ones in a loop of their own. With
+// .aligned that is undefined behaviour (PTX ISA: every thread must execute the same barrier
+// instruction), and compute-sanitizer's synccheck reports it as a divergent-thread barrier.
+__device__ __forceinline__ void barrier_sync_unaligned() {
+    asm volatile("barrier.sync 0;\n" ::: "memory");
+}
+
 // ld.shared.v4.b32: one 16-byte shared-memory load.
 __device__ __forceinline__ uint4 ld_shared_16(uint32_t smem_addr) {
     uint4 v;

@@ -726,17 +726,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid rows
     // (1..g real rows of 64 in a decode step) only issues its share of the K/V copies and joins
     // the main loop's two barriers per key block, in the same order; no math. Its rows are
-    // never stored (the epilogue writes valid rows only).
+    // never stored (the epilogue writes valid rows only). Its barriers are other instructions
+    // than the computing warps', so the main loop's barriers are the unaligned form there.
+    auto block_barrier = [] {
+        if constexpr (Traits::kSkipIdleWarps) {
+            ptx::barrier_sync_unaligned();
+        } else {
+            __syncthreads();
+        }
+    };
     int compute_iters = n_iters;
     if (Traits::kSkipIdleWarps && !warp_computes) {
         for (int it = 0; it < n_iters; ++it) {
             ptx::cp_async_wait<kGroupsInFlight>();
-            __syncthreads();
+            block_barrier();
             if (it + kStages - 1 < n_iters) load_v(it + kStages - 1, cta.kv);
             ptx::cp_async_commit();
             if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
             ptx::cp_async_wait<kGroupsInFlight>();
-            __syncthreads();
+            block_barrier();
             if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
             ptx::cp_async_commit();
         }
@@ -748,7 +756,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
         // K of this block has landed (and every warp is done with the buffers refilled next).
         ptx::cp_async_wait<kGroupsInFlight>();
-        __syncthreads();
+        block_barrier();
         if (it + kStages - 1 < n_iters) {
             load_v(it + kStages - 1, cta.kv);
         }
@@ -807,7 +815,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
         // V of this block has landed; every warp is done reading this block's K buffer.
         ptx::cp_async_wait<kGroupsInFlight>();
-        __syncthreads();
+        block_barrier();
         if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
         ptx::cp_async_commit();
 

@@ -43,6 +43,7 @@ inline void cp_async_4(uint32_t smem_dst, const void* gmem_src, bool in_bounds) 
         std::memset(dst, 0, 4);
     }
 }
+inline void barrier_sync_unaligned() { __syncthreads(); }
 inline void cp_async_commit() {}
 template <int kPendingGroups>
 inline void cp_async_wait() {}
