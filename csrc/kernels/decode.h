@@ -25,8 +25,10 @@ constexpr int kSplitOverheadBlocks = 2;
 constexpr int kCombineBlocks = 8;
 // CTAs per SM that make a full wave: one streams its SM's share of the bandwidth from a
 // contiguous cache; a paged copy needs two (run 46): at one CTA per SM (one warp per scheduler)
-// the kernel's time is its instruction stream, and the page arithmetic adds 55% of
-// instructions (bench/NOTES.md run 53).
+// the kernel's time is its instruction stream, and the page arithmetic added 55% of
+// instructions (bench/NOTES.md run 53). With the leaner paged copies (run 56) page 16 at one
+// CTA per SM still ran at 0.81-1.01x of contiguous (geometric mean 0.93; at two: 0.89-1.00x,
+// 0.97).
 constexpr int kPagedCtasPerSm = 2;
 
 // Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64, paged,
@@ -138,7 +140,8 @@ inline int64_t num_tiles(const FwdParams& p) {
 // CTA slots per SM and took at least 8 blocks per split on long caches, lost up to 27%: MQA b1
 // kv8k, b128 kv1k, GQA b8 kv1k). A paged cache counts two CTAs per SM (kPagedCtasPerSm): with
 // one, the paged copies ran at 0.65-0.77x of contiguous on the large cells (run 46), with their
-// pages shuffled or in cache order alike (run 50).
+// pages shuffled or in cache order alike (run 50), and at 0.83-0.99x after the leaner copies of
+// run 56 (page 16, kv32k / kv131k cells).
 inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile, bool paged,
                       int head_dim, int num_sms) {
     if (!decode_tile) return 1;  // split-KV is compiled into the decode tile only
