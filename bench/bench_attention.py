@@ -40,7 +40,6 @@ import json
 import os
 import pathlib
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -72,16 +71,6 @@ FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", *SM90_MODES)
 STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
                  "illegal instruction", "device-side assert", "launch timed out",
                  "uncorrectable ECC", "CUDA error: unknown error", "context is destroyed")
-
-
-def paged_impl_spec(impl: str):
-    """(page, in_order, num_splits) of a paged decode impl: flash_cuda_p<page>,
-    flash_cuda_po<page> (pages in cache order), flash_cuda_p<page>s<n> (explicit num_splits);
-    None for any other impl."""
-    m = re.fullmatch(r"flash_cuda_p(o?)(\d+)(?:s(\d+))?", impl)
-    if m is None:
-        return None
-    return int(m.group(2)), m.group(1) == "o", int(m.group(3) or 0)
 
 
 @contextlib.contextmanager
@@ -654,7 +643,7 @@ class Bench:
         # --decode-splits (flash_cuda_p<page>s<num_splits>): one paged copy per page spec.
         paged_impls = {}
         for impl in impls:
-            spec = paged_impl_spec(impl)
+            spec = report.paged_impl_spec(impl)
             if spec is not None:
                 paged_impls.setdefault(spec[:2], []).append((impl, spec[2]))
         for (page, in_order), group in paged_impls.items():
@@ -664,8 +653,9 @@ class Bench:
                       else self.raiser(paged))
             del paged
         for impl in impls:  # --decode-splits: explicit num_splits (0: the heuristic)
-            if impl.startswith("flash_cuda_s") and impl[len("flash_cuda_s"):].isdigit():
-                timed(impl, flash(num_splits=int(impl[len("flash_cuda_s"):])))
+            split = report.split_impl_spec(impl)
+            if split is not None and split[0] == "flash_cuda":
+                timed(impl, flash(num_splits=split[1]))
         # SDPA's layout (b, h, s, d); the flash layout caches are freed first.
         peers = [i for i in impls if i in SDPA_BACKENDS]
         if peers:

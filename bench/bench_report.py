@@ -46,27 +46,29 @@ STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 def label(impl: str) -> str:
     if impl in LABELS:
         return LABELS[impl]
+    paged = paged_impl_spec(impl)
+    if paged is not None:
+        page, in_order, splits = paged
+        return (f"flash_cuda paged {page}" + (" in order" if in_order else "") +
+                (f" splits {splits}" if split_impl_spec(impl) else ""))
     split = split_impl_spec(impl)
-    if split is not None and split[0] != "flash_cuda":
-        return f"{label(split[0])} splits {split[1]}"
-    if impl.startswith("flash_cuda_po"):
-        return f"flash_cuda paged {impl[len('flash_cuda_po'):]} in order"
-    if impl.startswith("flash_cuda_p"):
-        return f"flash_cuda paged {impl[len('flash_cuda_p'):]}"
-    if impl.startswith("flash_cuda_s"):
-        return f"flash_cuda splits {impl[len('flash_cuda_s'):]}"
+    if split is not None:
+        return f"flash_cuda splits {split[1]}"
     return impl
 
 
 def impl_rank(impl: str) -> tuple:
-    # flash_cuda_p<page> / flash_cuda_po<page> / flash_cuda_s<splits> /
-    # flash_cuda_p<page>s<splits> after flash_cuda, numerically.
+    # flash_cuda_p<page> / flash_cuda_po<page> / flash_cuda_p<page>s<splits> /
+    # flash_cuda_s<splits> after flash_cuda, numerically.
+    paged = paged_impl_spec(impl)
+    if paged is not None:
+        page, in_order, splits = paged
+        kind = "flash_cuda_po" if in_order else ("flash_cuda_ps" if split_impl_spec(impl) else
+                                                 "flash_cuda_p")
+        return (1, kind, page, splits)
     split = split_impl_spec(impl)
-    if split is not None and split[0] != "flash_cuda":
-        return (1, "flash_cuda_ps", int(split[0][len("flash_cuda_p"):]), split[1])
-    for prefix in ("flash_cuda_p", "flash_cuda_po", "flash_cuda_s"):
-        if impl.startswith(prefix) and impl[len(prefix):].isdigit():
-            return (1, prefix, int(impl[len(prefix):]), 0)
+    if split is not None:
+        return (1, "flash_cuda_s", split[1], 0)
     return (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 1, impl, 0, 0)
 
 
@@ -78,6 +80,16 @@ def split_impl_spec(impl: str):
     if m is None:
         return None
     return ("flash_cuda_" + m.group(1) if m.group(1) else "flash_cuda"), int(m.group(2))
+
+
+def paged_impl_spec(impl: str):
+    """(page, in_order, num_splits) of a paged decode impl: flash_cuda_p<page>,
+    flash_cuda_po<page> (pages in cache order), flash_cuda_p<page>s<n> (explicit num_splits);
+    None for any other impl."""
+    m = re.fullmatch(r"flash_cuda_p(o?)(\d+)(?:s(\d+))?", impl)
+    if m is None:
+        return None
+    return int(m.group(2)), m.group(1) == "o", int(m.group(3) or 0)
 
 
 def is_split_impl(impl: str) -> bool:
