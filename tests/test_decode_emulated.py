@@ -128,11 +128,27 @@ def keysplit_qualifies(case):
     return sq * (h // hk if packed else 1) <= 32
 
 
-@pytest.mark.parametrize("keysplit", (False, True), ids=("decode64", "keysplit"))
+def wide_qualifies(case):
+    """Whether a key-split case runs the 128-key tile (kernels/decode.h plan_key_blocks): kernel
+    head dim 128 and at most 16 tile rows."""
+    _, _, d, _, h, hk, sq, _, _, _, extra = case
+    packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
+    return kernel_head_dim(d + (-d) % 8) == 128 and sq * (h // hk if packed else 1) <= 16
+
+
+# tile: "decode64" = the 64-row decode tile (FLASH_CUDA_DECODE_KEYSPLIT=0); "keysplit" = the
+# key-split tiles as the host picks them (at d128 and <= 16 rows: 128-key blocks); "keysplit-kv64"
+# = the 64-key key-split tile on the cases that would take the 128-key one
+# (FLASH_CUDA_DECODE_KV128=0).
+@pytest.mark.parametrize("tile", ("decode64", "keysplit", "keysplit-kv64"))
 @pytest.mark.parametrize("case", CASES + KEYSPLIT_CASES, ids=lambda c: c[0])
-def test_decode_emulated(case, keysplit):
+def test_decode_emulated(case, tile, monkeypatch):
+    keysplit = tile != "decode64"
     if keysplit and not keysplit_qualifies(case):
         pytest.skip("the key-split tile does not take this case (more than 32 rows or head dim)")
+    if tile == "keysplit-kv64" and not wide_qualifies(case):
+        pytest.skip("the 128-key tile does not take this case either")
+    monkeypatch.setenv("FLASH_CUDA_DECODE_KV128", "0" if tile == "keysplit-kv64" else "1")
     name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
     gen = torch.Generator().manual_seed(hash(name) % 2**31)
     cache_batch = extra.get("cache_batch", b)
@@ -158,8 +174,10 @@ def test_decode_emulated(case, keysplit):
         cache_batch_idx=None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32),
         cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32),
         num_splits=extra.get("num_splits", 1), pack_gqa=extra.get("pack_gqa", False),
-        keysplit=keysplit, **opts)
+        keysplit=keysplit, kvcache_op=True, **opts)
     assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
+    wide = tile == "keysplit" and wide_qualifies(case)
+    assert ("128-key blocks" in driver.LAST_STDOUT) == wide, driver.LAST_STDOUT
     for i in range(b):
         row = batch_idx[i] if batch_idx is not None else i
         lp = leftpad[i] if leftpad is not None else 0
@@ -257,9 +275,9 @@ def test_short_query_fwd_emulated(feature, keysplit):
     from test_fwd_gpu import feature_options
     rng = random.Random(FEATURE_SEEDS[feature])
     gen = torch.Generator().manual_seed(FEATURE_SEEDS[feature])
-    # keysplit: (17, 203, 128) takes the 32-row key-split tile, (1, 239, 64) and (16, 203, 256)
-    # the 16-row one.
-    shapes = ((17, 203, 128), (1, 239, 64)) + (((16, 203, 256),) if keysplit else ())
+    # keysplit: (17, 203, 128) takes the 32-row key-split tile, (1, 239, 64), (16, 203, 256) and
+    # (1, 203, 128) the 16-row one (at d128 the 64-key one: flash_attn_func never splits).
+    shapes = ((17, 203, 128), (1, 239, 64)) + (((16, 203, 256), (1, 203, 128)) if keysplit else ())
     for (sq, sk, d) in shapes:
         b, h, hk = 2, 4, 2
         q = torch.randn(b, sq, h, d, generator=gen).half()
@@ -268,6 +286,7 @@ def test_short_query_fwd_emulated(feature, keysplit):
         opts = feature_options(feature, sq, sk, b, h, rng, device="cpu")
         out, lse = run_fwd_emulated(q, k, v, keysplit=keysplit, **opts)
         assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
+        assert "128-key blocks" not in driver.LAST_STDOUT  # the kvcache op's tile only
         assert_close_to_oracle(out, lse, q, k, v, **opts)
 
 

@@ -44,7 +44,7 @@ inline bool uses_decode_tile(const FwdParams& p) {
 // small decode cells (bench/NOTES.md run 23). FLASH_CUDA_DECODE_KEYSPLIT=0 in the environment
 // (read once per process, host side) keeps every call on the 64-row tile (A/B runs). Same key
 // blocks, stages and CTAs per SM as the 64-row decode tile, so the split count below is
-// unchanged.
+// unchanged; but see plan_key_blocks for d128.
 constexpr int kKeySplitMaxRows = 32;
 inline bool keysplit_enabled() {
     static const bool on = [] {
@@ -60,6 +60,32 @@ inline int64_t keysplit_rows(const FwdParams& p) {
 inline bool uses_keysplit_tile(const FwdParams& p) {
     if (!keysplit_enabled() || !uses_decode_tile(p) || p.p_keep < 1.f) return false;
     return keysplit_rows(p) <= kKeySplitMaxRows;
+}
+
+// The kvcache op's 16-row key-split calls at d128 take 128-key blocks through one K/V stage
+// (sm80/decode_keysplit.cuh FwdDecodeKeySplitConfig::TraitsWide): one barrier pair and one
+// online-softmax step per 128 keys. With a single stage a CTA does not overlap its own loads
+// with its math, so the split count below counts two CTAs per SM for it (kWideCtasPerSm), as
+// for paged caches. bench/NOTES.md run 65: with one CTA per SM counted it streamed 1-3% faster
+// than the 64-key tile on the steps with two CTAs per SM anyway (b32 GQA, b8 MHA and up) and
+// 10-23% slower on those the split count left at one (b1 / b8 GQA, b1 MHA).
+// FLASH_CUDA_DECODE_KV128=0 in the environment (read once per process, host side) keeps them on
+// the 64-key tile (A/B runs). flash_attn_func's short queries, which never split, keep the
+// 64-key tile.
+constexpr int kWideKeyBlock = 128;
+constexpr int kWideCtasPerSm = 2;
+inline bool wide_key_blocks_enabled() {
+    static const bool on = [] {
+        const char* value = std::getenv("FLASH_CUDA_DECODE_KV128");
+        return !(value != nullptr && value[0] == '0' && value[1] == '\0');
+    }();
+    return on;
+}
+// The kvcache op's choice (after plan_gqa_packing, before num_splits); the launcher
+// (sm80/fwd_launch.cuh) follows params.wide_key_blocks.
+inline void plan_key_blocks(FwdParams& p) {
+    p.wide_key_blocks = wide_key_blocks_enabled() && p.d_rounded == 128 &&
+                        uses_keysplit_tile(p) && keysplit_rows(p) <= 16;
 }
 
 // Tile geometry (kernels/sm80/traits.h: FwdDecodeConfig for the decode tile, else FwdConfig;
@@ -126,13 +152,28 @@ inline int64_t num_tiles(const FwdParams& p) {
     return static_cast<int64_t>(p.b) * heads * ((rows + bm - 1) / bm);
 }
 
+// What the split count needs to know of the tile a call runs: its key block, the key block the
+// costs below are counted in (the 64-row decode tile's: block_n), and the CTAs per SM that make a
+// full wave.
+struct SplitGeometry {
+    int key_block;
+    int cost_block;
+    int ctas_per_sm;
+};
+inline SplitGeometry split_geometry(const FwdParams& p) {
+    const int bn = block_n(p.d_rounded);
+    if (p.wide_key_blocks) return {kWideKeyBlock, bn, kWideCtasPerSm};
+    return {bn, bn, p.block_table != nullptr ? kPagedCtasPerSm : 1};
+}
+
 // Split count for a problem of `tiles` CTAs (batch x heads x m blocks) over key blocks of a
 // `seqlen_k`-key cache (the capacity: shapes only). requested > 0: honoured, clamped to
 // [1, min(kMaxSplits, key blocks)]. Always 1 without the decode tile (the 128-row tile has no
 // split-KV code). requested == 0: the count s (at least kMinBlocksPerSplit key blocks per split)
-// with the shortest estimated time
-//   waves(s) x (key blocks of the longest split + kSplitOverheadBlocks) + (s > 1) kCombineBlocks,
-//   waves(s) = ceil(tiles x s / (num_sms x CTAs per SM)),
+// with the shortest estimated time, in cost blocks (geometry.cost_block keys),
+//   waves(s) x (keys of the longest split / cost_block + kSplitOverheadBlocks)
+//     + (s > 1) kCombineBlocks,
+//   waves(s) = ceil(tiles x s / (num_sms x geometry.ctas_per_sm)),
 // ties to the fewer splits. One CTA per SM counts as a full wave on a contiguous cache: a decode
 // CTA keeps up to 5 K/V tiles in flight, enough to stream its SM's share of the bandwidth
 // (bench/NOTES.md run 45: on the split-KV sweep over the issue-5 grid this rule is within 4% of
@@ -141,21 +182,22 @@ inline int64_t num_tiles(const FwdParams& p) {
 // kv8k, b128 kv1k, GQA b8 kv1k). A paged cache counts two CTAs per SM (kPagedCtasPerSm): with
 // one, the paged copies ran at 0.65-0.77x of contiguous on the large cells (run 46), with their
 // pages shuffled or in cache order alike (run 50), and at 0.83-0.99x after the leaner copies of
-// run 56 (page 16, kv32k / kv131k cells).
-inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile, bool paged,
-                      int head_dim, int num_sms) {
+// run 56 (page 16, kv32k / kv131k cells). So does the one-stage 128-key tile (kWideCtasPerSm).
+inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile,
+                      const SplitGeometry& geometry, int num_sms) {
     if (!decode_tile) return 1;  // split-KV is compiled into the decode tile only
-    const int bn = block_n(head_dim);
+    const int bn = geometry.key_block;
     const int n_blocks = std::max(1, (seqlen_k + bn - 1) / bn);
     if (requested > 0) return std::max(1, std::min({requested, kMaxSplits, n_blocks}));
     if (tiles <= 0 || num_sms <= 0) return 1;
     const int max_splits = std::min(kMaxSplits, std::max(1, n_blocks / kMinBlocksPerSplit));
-    const int64_t slots = static_cast<int64_t>(num_sms) * (paged ? kPagedCtasPerSm : 1);
+    const int64_t slots = static_cast<int64_t>(num_sms) * geometry.ctas_per_sm;
+    const int64_t block_cost = std::max(1, bn / geometry.cost_block);
     int chosen = 1;
     int64_t chosen_cost = -1;
     for (int s = 1; s <= max_splits; ++s) {
         const int64_t waves = (tiles * s + slots - 1) / slots;
-        const int64_t cost = waves * ((n_blocks + s - 1) / s + kSplitOverheadBlocks) +
+        const int64_t cost = waves * ((n_blocks + s - 1) / s * block_cost + kSplitOverheadBlocks) +
                              (s > 1 ? kCombineBlocks : 0);
         if (chosen_cost < 0 || cost < chosen_cost) {
             chosen = s;

@@ -148,6 +148,14 @@ void run(FwdParams& params) {
             if (flash_cuda::decode::uses_keysplit_tile(params)) {
                 using Config = FwdDecodeKeySplitConfig<EMU_HEAD_DIM>;
                 if (flash_cuda::decode::keysplit_rows(params) <= 16) {
+                    if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
+                        if (params.wide_key_blocks) {
+                            std::printf("emulator: key-split decode tile, 16 rows, 128-key "
+                                        "blocks\n");
+                            run_traits<Element, typename Config::TraitsWide, Causal>(params);
+                            return;
+                        }
+                    }
                     std::printf("emulator: key-split decode tile, 16 rows\n");
                     run_traits<Element, typename Config::Traits, Causal>(params);
                 } else {
@@ -309,11 +317,11 @@ int main(int argc, char** argv) {
 
     // The kvcache op's host steps (flash_api.cpp): GQA packing, split count.
     if (geti_or("pack_gqa", 0) != 0) flash_cuda::decode::plan_gqa_packing(p);
+    if (geti_or("kvcache_op", 0) != 0) flash_cuda::decode::plan_key_blocks(p);
     const bool decode_tile = flash_cuda::decode::uses_decode_tile(p);
     p.num_splits = flash_cuda::decode::num_splits(static_cast<int>(geti_or("num_splits", 1)),
                                                   flash_cuda::decode::num_tiles(p), p.seqlen_k,
-                                                  decode_tile, p.block_table != nullptr,
-                                                  p.d_rounded,
+                                                  decode_tile, flash_cuda::decode::split_geometry(p),
                                                   static_cast<int>(geti_or("num_sms", 132)));
     const size_t partial_rows =
         static_cast<size_t>(p.num_splits) * p.b * p.h * std::max(p.seqlen_q, 0);

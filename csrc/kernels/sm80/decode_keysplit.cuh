@@ -124,7 +124,16 @@ struct FwdDecodeKeySplitConfig {
     using Traits = FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim), 1>;
     using Traits32 =
         FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim), 2>;
+    // The kvcache op's 16-row calls at the head dims of kHasWideKeySplitTile (kernels/decode.h
+    // plan_key_blocks): 128-key blocks through one K/V stage (68 KB of shared memory; 212
+    // registers, so two CTAs per SM), each warp 32 keys of a block: one barrier pair and one
+    // online-softmax step per 128 keys instead of per 64.
+    using TraitsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1>;
 };
+// Head dims with TraitsWide compiled in. At d128 it streams 1-3% faster than Traits where a
+// step has two CTAs per SM (bench/NOTES.md run 65); d64 already has 128-key blocks.
+template <int HeadDim>
+constexpr bool kHasWideKeySplitTile = HeadDim == 128;
 
 // The 16-row Q tile's A fragments (ldmatrix layout of warp_gemm.cuh), held by each warp of the
 // key-split tile through the key loop (Traits::kQInRegisters); an empty struct for other tiles.

@@ -148,6 +148,14 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
             if (decode::uses_keysplit_tile(params)) {
                 using KeySplitConfig = sm80::FwdDecodeKeySplitConfig<HeadDim>;
                 if (decode::keysplit_rows(params) <= 16) {
+                    if constexpr (sm80::kHasWideKeySplitTile<HeadDim>) {
+                        if (params.wide_key_blocks) {  // decode.h plan_key_blocks
+                            using Wide = typename KeySplitConfig::TraitsWide;
+                            sm80::launch_fwd<Element, Wide, Wide, Wide, Decode, Causal>(params,
+                                                                                        stream);
+                            return;
+                        }
+                    }
                     using KeySplit = typename KeySplitConfig::Traits;
                     sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(
                         params, stream);
