@@ -833,9 +833,9 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     // re-striding q/o (one query row, no left window) or in the kernel (up to 64 query rows).
     // Not with ALiBi.
     decode::plan_gqa_packing(params);
-    decode::plan_key_blocks(params);  // d128 16-row tiles: 128-key blocks
     int num_sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
+    decode::plan_key_blocks(params, num_sms);  // d128 16-row tiles: 128-key blocks where they pay
     params.num_splits = decode::num_splits(static_cast<int>(num_splits), decode::num_tiles(params),
                                            params.seqlen_k, decode::uses_decode_tile(params),
                                            decode::split_geometry(params), num_sms);

@@ -128,25 +128,34 @@ def keysplit_qualifies(case):
     return sq * (h // hk if packed else 1) <= 32
 
 
-def wide_qualifies(case):
+def wide_qualifies(case, num_sms):
     """Whether a key-split case runs the 128-key tile (kernels/decode.h plan_key_blocks): kernel
-    head dim 128 and at most 16 tile rows."""
-    _, _, d, _, h, hk, sq, _, _, _, extra = case
+    head dim 128, at most 16 tile rows, and tiles x its most splits >= 2 CTAs per SM."""
+    _, _, d, b, h, hk, sq, capacity, page, _, extra = case
     packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
-    return kernel_head_dim(d + (-d) % 8) == 128 and sq * (h // hk if packed else 1) <= 16
+    if kernel_head_dim(d + (-d) % 8) != 128 or sq * (h // hk if packed else 1) > 16:
+        return False
+    seqlen_k = capacity if page is None else capacity // page * page
+    most_splits = min(128, max(1, -(-seqlen_k // 128) // 2))
+    return b * (hk if packed else h) * most_splits >= 2 * num_sms
 
 
 # tile: "decode64" = the 64-row decode tile (FLASH_CUDA_DECODE_KEYSPLIT=0); "keysplit" = the
-# key-split tiles as the host picks them (at d128 and <= 16 rows: 128-key blocks); "keysplit-kv64"
-# = the 64-key key-split tile on the cases that would take the 128-key one
-# (FLASH_CUDA_DECODE_KV128=0).
-@pytest.mark.parametrize("tile", ("decode64", "keysplit", "keysplit-kv64"))
+# key-split tiles as the host picks them for a 1-SM device, where every d128 tile of <= 16 rows
+# takes the 128-key blocks; "keysplit-132sms": as the host picks them on the H200 (these small
+# caches: mostly the 64-key tile); "keysplit-kv64" = the 64-key key-split tile on the cases that
+# would take the 128-key one (FLASH_CUDA_DECODE_KV128=0).
+@pytest.mark.parametrize("tile", ("decode64", "keysplit", "keysplit-132sms", "keysplit-kv64"))
 @pytest.mark.parametrize("case", CASES + KEYSPLIT_CASES, ids=lambda c: c[0])
 def test_decode_emulated(case, tile, monkeypatch):
     keysplit = tile != "decode64"
+    num_sms = 1 if tile in ("keysplit", "keysplit-kv64") else 132
+    d128 = kernel_head_dim(case[2] + (-case[2]) % 8) == 128
     if keysplit and not keysplit_qualifies(case):
         pytest.skip("the key-split tile does not take this case (more than 32 rows or head dim)")
-    if tile == "keysplit-kv64" and not wide_qualifies(case):
+    if tile == "keysplit-132sms" and not d128:
+        pytest.skip("only d128 has the 128-key tile")
+    if tile == "keysplit-kv64" and not wide_qualifies(case, num_sms):
         pytest.skip("the 128-key tile does not take this case either")
     monkeypatch.setenv("FLASH_CUDA_DECODE_KV128", "0" if tile == "keysplit-kv64" else "1")
     name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
@@ -174,9 +183,9 @@ def test_decode_emulated(case, tile, monkeypatch):
         cache_batch_idx=None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32),
         cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32),
         num_splits=extra.get("num_splits", 1), pack_gqa=extra.get("pack_gqa", False),
-        keysplit=keysplit, kvcache_op=True, **opts)
+        keysplit=keysplit, kvcache_op=True, num_sms=num_sms, **opts)
     assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
-    wide = tile == "keysplit" and wide_qualifies(case)
+    wide = tile in ("keysplit", "keysplit-132sms") and wide_qualifies(case, num_sms)
     assert ("128-key blocks" in driver.LAST_STDOUT) == wide, driver.LAST_STDOUT
     for i in range(b):
         row = batch_idx[i] if batch_idx is not None else i

@@ -68,7 +68,8 @@ inline bool uses_keysplit_tile(const FwdParams& p) {
 // with its math, so the split count below counts two CTAs per SM for it (kWideCtasPerSm), as
 // for paged caches. bench/NOTES.md run 65: with one CTA per SM counted it streamed 1-3% faster
 // than the 64-key tile on the steps with two CTAs per SM anyway (b32 GQA, b8 MHA and up) and
-// 10-23% slower on those the split count left at one (b1 / b8 GQA, b1 MHA).
+// 10-23% slower on those the split count left at one (b1 / b8 GQA, b1 MHA); plan_key_blocks
+// below picks it.
 // FLASH_CUDA_DECODE_KV128=0 in the environment (read once per process, host side) keeps them on
 // the 64-key tile (A/B runs). flash_attn_func's short queries, which never split, keep the
 // 64-key tile.
@@ -81,13 +82,6 @@ inline bool wide_key_blocks_enabled() {
     }();
     return on;
 }
-// The kvcache op's choice (after plan_gqa_packing, before num_splits); the launcher
-// (sm80/fwd_launch.cuh) follows params.wide_key_blocks.
-inline void plan_key_blocks(FwdParams& p) {
-    p.wide_key_blocks = wide_key_blocks_enabled() && p.d_rounded == 128 &&
-                        uses_keysplit_tile(p) && keysplit_rows(p) <= 16;
-}
-
 // Tile geometry (kernels/sm80/traits.h: FwdDecodeConfig for the decode tile, else FwdConfig;
 // only roughly for the latter, which never splits).
 inline int block_m(bool decode_tile) { return decode_tile ? 64 : 128; }
@@ -150,6 +144,24 @@ inline int64_t num_tiles(const FwdParams& p) {
     const int heads = packed ? p.h / p.gqa_pack : p.h;
     const int bm = block_m(uses_decode_tile(p));
     return static_cast<int64_t>(p.b) * heads * ((rows + bm - 1) / bm);
+}
+
+// The kvcache op's choice of the 128-key tile (after plan_gqa_packing, before num_splits; the
+// launcher, sm80/fwd_launch.cuh, follows params.wide_key_blocks): d128 tiles of at most 16 rows,
+// when the step can give the tile two CTAs per SM (tiles x its most splits >= num_sms x
+// kWideCtasPerSm). Short caches of few heads cannot: run 66 (two CTAs per SM counted) had GQA
+// b1 / b8 kv1k and MHA b1 kv1k at 0.83-0.97x of the 64-key tile, whose two stages and twice the
+// splits (64-key blocks) keep more loads in flight. Shapes only (seqlen_k is the capacity).
+inline void plan_key_blocks(FwdParams& p, int num_sms) {
+    p.wide_key_blocks = false;
+    if (!wide_key_blocks_enabled() || p.d_rounded != 128 || !uses_keysplit_tile(p) ||
+        keysplit_rows(p) > 16) {
+        return;
+    }
+    const int n_blocks = std::max(1, (p.seqlen_k + kWideKeyBlock - 1) / kWideKeyBlock);
+    const int most_splits = std::min(kMaxSplits, std::max(1, n_blocks / kMinBlocksPerSplit));
+    p.wide_key_blocks =
+        num_tiles(p) * most_splits >= static_cast<int64_t>(num_sms) * kWideCtasPerSm;
 }
 
 // What the split count needs to know of the tile a call runs: its key block, the key block the

@@ -86,7 +86,7 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
                      max_seqlen_k=None, seqused_k=None, block_table=None, cache_batch_idx=None,
                      cache_leftpad=None, num_splits=1, pack_gqa=False, dropout_p=0.0,
                      rng_state=None, philox_on_device=False, return_rng_state=False, timeout=1800,
-                     keysplit=None, sm90=False, kvcache_op=False):
+                     keysplit=None, sm90=False, kvcache_op=False, num_sms=132):
     """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd.
 
     KV cache / decode extras (the kernel part of fwd_kvcache; no append): block_table (k, v
@@ -102,7 +102,8 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     warpgroups take turns at the tensor cores) where it covers the call (EMU_SM90; the emulator
     prints "sm90 forward" when it ran). The emulator's stdout (which says which tile ran) is kept
     in LAST_STDOUT. kvcache_op: the kvcache op's host choice of the 128-key tile for d128 16-row
-    tiles (kernels/decode.h plan_key_blocks; flash_attn_func's calls do not make it)."""
+    tiles (kernels/decode.h plan_key_blocks; flash_attn_func's calls do not make it). num_sms: the
+    SM count the host's split count and tile choice assume."""
     global LAST_STDOUT
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
@@ -132,7 +133,7 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
             "scale": repr(float(softmax_scale)),
             "softcap": repr(float(softcap)), "window_left": left, "window_right": right,
             "causal": int(causal), "num_splits": int(num_splits), "pack_gqa": int(pack_gqa),
-            "kvcache_op": int(kvcache_op),
+            "kvcache_op": int(kvcache_op), "num_sms": int(num_sms),
         }
         if dropout_p > 0:
             seed, offset = (int(x) & ((1 << 64) - 1) for x in rng_state)

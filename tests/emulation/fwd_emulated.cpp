@@ -317,12 +317,13 @@ int main(int argc, char** argv) {
 
     // The kvcache op's host steps (flash_api.cpp): GQA packing, split count.
     if (geti_or("pack_gqa", 0) != 0) flash_cuda::decode::plan_gqa_packing(p);
-    if (geti_or("kvcache_op", 0) != 0) flash_cuda::decode::plan_key_blocks(p);
+    const int num_sms = static_cast<int>(geti_or("num_sms", 132));
+    if (geti_or("kvcache_op", 0) != 0) flash_cuda::decode::plan_key_blocks(p, num_sms);
     const bool decode_tile = flash_cuda::decode::uses_decode_tile(p);
     p.num_splits = flash_cuda::decode::num_splits(static_cast<int>(geti_or("num_splits", 1)),
                                                   flash_cuda::decode::num_tiles(p), p.seqlen_k,
                                                   decode_tile, flash_cuda::decode::split_geometry(p),
-                                                  static_cast<int>(geti_or("num_sms", 132)));
+                                                  num_sms);
     const size_t partial_rows =
         static_cast<size_t>(p.num_splits) * p.b * p.h * std::max(p.seqlen_q, 0);
     GuardedBuffer o_acc(partial_rows * p.d_rounded * 4, 0xFF), lse_acc(partial_rows * 4, 0xFF);
