@@ -125,13 +125,14 @@ struct FwdDecodeKeySplitConfig {
     using Traits32 =
         FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim), 2>;
     // The kvcache op's 16-row calls at the head dims of kHasWideKeySplitTile (kernels/decode.h
-    // plan_key_blocks): 128-key blocks through one K/V stage (68 KB of shared memory; 212
+    // plan_key_blocks): 128-key blocks through one K/V stage (68 KB of shared memory; 214
     // registers, so two CTAs per SM), each warp 32 keys of a block: one barrier pair and one
     // online-softmax step per 128 keys instead of per 64.
     using TraitsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1>;
 };
-// Head dims with TraitsWide compiled in. At d128 it streams 1-3% faster than Traits where a
-// step has two CTAs per SM (bench/NOTES.md run 65); d64 already has 128-key blocks.
+// Head dims with TraitsWide compiled in. At d128 it streams 1.1% faster than Traits on the
+// decode steps that take it (geometric mean, bench/NOTES.md run 67); d64 already has 128-key
+// blocks.
 template <int HeadDim>
 constexpr bool kHasWideKeySplitTile = HeadDim == 128;
 
