@@ -24,6 +24,9 @@
 #   BENCH_ARGS    arguments of bench/bench_attention.py (default: --quick; --full: the grid)
 #   DEADLINE      seconds from the start by which everything must be done (default 585: one
 #                 device call may run 600 s); later steps get what is left.
+#   PACK_LOGS=1   pack the logs into $OUT/logs.tgz at the end (a caller that brings back only a
+#                 few files then still gets every log: the build, the tests, the sanitizers)
+# The summary also goes to $OUT/summary.txt.
 # Exit status: non-zero if the build or the tests failed (the bench only reports).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -173,9 +176,13 @@ if want "${SKIP_BENCH:-0}" bench "${BENCH_TIMEOUT:-540}"; then
 fi
 
 # (d) the short table, last
+printf '%s\n' "${SUMMARY[@]}" > "$OUT/summary.txt"
+if [ "${PACK_LOGS:-0}" = 1 ] && ls "$OUT"/*.log > /dev/null 2>&1; then
+    (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log)
+fi
 echo
 echo "================================ summary ================================"
-printf '%s\n' "${SUMMARY[@]}"
+cat "$OUT/summary.txt"
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$OUT/bench.json" ]; then
     echo
     timeout 60 python3 bench/bench_report.py "$OUT/bench.json" --compact
