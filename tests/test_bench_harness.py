@@ -24,6 +24,7 @@ sys.path.insert(0, str(BENCH))
 bench_attention = importlib.import_module("bench_attention")
 plan = importlib.import_module("bench_plan")
 report = importlib.import_module("bench_report")
+compare_runs = importlib.import_module("compare_runs")
 
 
 def dry_run(capsys, *argv):
@@ -298,3 +299,27 @@ def test_lost_context_restarts_without_the_culprit(tmp_path, monkeypatch, capsys
                for r in grid if r["impl"] == "flash_cuda")
     assert all(r["status"] == "ok" for r in grid if r["impl"] == "math")
 
+
+
+def test_compare_runs_ratios(tmp_path, capsys):
+    """bench/compare_runs.py: per case the ratio to the same run's peer and to the first run;
+    rows that are not ok, of another section or missing from a run are left out."""
+    def write(name, rows):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"rows": [
+            dict(section=sec, case_id=case, impl=impl, status=status, tbps_graph=value)
+            for (sec, case, impl, status, value) in rows]}))
+        return f"{name}={path}"
+    a = write("a", [("g", "c1", "flash_cuda", "ok", 2.0), ("g", "c1", "cudnn", "ok", 2.0),
+                    ("g", "c2", "flash_cuda", "ok", 4.0), ("g", "c2", "cudnn", "ok", 5.0),
+                    ("g", "c3", "flash_cuda", "ok", 1.0), ("x", "c4", "flash_cuda", "ok", 1.0)])
+    b = write("b", [("g", "c1", "flash_cuda", "ok", 3.0), ("g", "c1", "cudnn", "ok", 2.0),
+                    ("g", "c2", "flash_cuda", "ok", 2.0), ("g", "c2", "cudnn", "ok", 2.5),
+                    ("g", "c3", "flash_cuda", "failed", 9.0), ("x", "c4", "flash_cuda", "ok", 2.0)])
+    assert compare_runs.main([a, b, "--section", "g"]) == 0
+    out = capsys.readouterr().out
+    assert "| c1 | 2.000 | 1.000 | 3.000 | 1.500 | 1.500 |" in out
+    assert "| c2 | 4.000 | 0.800 | 2.000 | 0.800 | 0.500 |" in out
+    assert "c3" not in out and "c4" not in out
+    assert "a: flash_cuda/cudnn geometric mean 0.8944, >= 1.0 on 1 of 2, >= 0.97 on 1" in out
+    assert "b / a: geometric mean 0.8660, range 0.500-1.500 over 2 cases" in out
