@@ -152,8 +152,8 @@ inline int64_t num_tiles(const FwdParams& p) {
 // launcher, sm80/fwd_launch.cuh, follows params.wide_key_blocks): d128 tiles of at most 16 rows,
 // when the step can give the tile two CTAs per SM (tiles x its most splits >= num_sms x
 // kWideCtasPerSm). Short caches of few heads cannot: run 66 (two CTAs per SM counted) had GQA
-// b1 / b8 kv1k and MHA b1 kv1k at 0.83-0.97x of the 64-key tile, whose two stages and twice the
-// splits (64-key blocks) keep more loads in flight. Shapes only (seqlen_k is the capacity).
+// b1 / b8 kv1k and MHA b1 kv1k at 0.83-0.97x of the 64-key tile, whose three stages and twice
+// the splits (64-key blocks) keep more loads in flight. Shapes only (seqlen_k is the capacity).
 inline void plan_key_blocks(FwdParams& p, int num_sms) {
     p.wide_key_blocks = false;
     if (!wide_key_blocks_enabled() || p.d_rounded != 128 || !uses_keysplit_tile(p) ||
