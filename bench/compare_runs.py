@@ -18,58 +18,51 @@ import json
 import math
 import sys
 
-# The figure of a row, best first: graph-replay decode TB/s, decode TB/s, prefill TFLOP/s.
-METRICS = ("tbps_graph", "tbps_best", "tbps", "tflops")
+import bench_report as report
 
 
-def figure(row: dict) -> float | None:
-    for key in METRICS:
-        value = row.get(key)
-        if value:
-            return float(value)
-    return None
+def figure(row: dict | None) -> float | None:
+    """A row's figure: decode TB/s (graph replay where timed, else eager), else prefill TFLOP/s;
+    None unless the row is ok."""
+    value = report.value(row, "tbps_best")
+    return value if value is not None else report.value(row, "tflops")
 
 
-def load(path: str, section: str | None) -> dict[tuple[str, str], float]:
-    """(case_id, impl) -> figure of the rows with status ok (of `section`, if given)."""
+def load(path: str) -> report.Table:
     with open(path) as f:
-        rows = json.load(f)["rows"]
-    out = {}
-    for row in rows:
-        if row.get("status") != "ok" or (section and row.get("section") != section):
-            continue
-        value = figure(row)
-        if value is not None:
-            out[(row["case_id"], row["impl"])] = value
-    return out
+        return report.Table(json.load(f))
 
 
 def geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
-def compare(runs: dict[str, dict], impl: str, peer: str) -> list[str]:
+def compare(runs: dict[str, report.Table], impl: str, peer: str,
+            section: str | None = None) -> list[str]:
     names = list(runs)
     first = runs[names[0]]
-    cases = [c for (c, i) in first if i == impl and all((c, impl) in r for r in runs.values())]
-    lines = ["| case | " + " | ".join(f"{n} | {n}/{peer}" for n in names) + " | " +
-             " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " |"]
-    lines.append("|---" * (1 + 2 * len(names) + len(names) - 1) + "|")
+    # (section, case_id, mode) of the first run's `impl` rows that every run has a figure for.
+    keys = [k[:3] for k, row in first.index.items()
+            if k[3] == impl and (section is None or k[0] == section)
+            and all(figure(t.get(*k[:3], impl)) for t in runs.values())]
+    header = ["case"] + [h for n in names for h in (n, f"{n}/{peer}")] + \
+        [f"{n}/{names[0]}" for n in names[1:]]
+    body = []
     to_peer = {n: [] for n in names}
     to_first = {n: [] for n in names[1:]}
-    for case in cases:
-        cells = []
+    for key in keys:
+        cells = [key[1] if key[2] in ("decode", "fwd") else f"{key[1]} {key[2]}"]
         for n in names:
-            value, ref = runs[n][(case, impl)], runs[n].get((case, peer))
+            value, ref = figure(runs[n].get(*key, impl)), figure(runs[n].get(*key, peer))
             cells += [f"{value:.3f}", f"{value / ref:.3f}" if ref else "-"]
             if ref:
                 to_peer[n].append(value / ref)
+        base = figure(first.get(*key, impl))
         for n in names[1:]:
-            ratio = runs[n][(case, impl)] / first[(case, impl)]
-            to_first[n].append(ratio)
-            cells.append(f"{ratio:.3f}")
-        lines.append(f"| {case} | " + " | ".join(cells) + " |")
-    lines.append("")
+            to_first[n].append(figure(runs[n].get(*key, impl)) / base)
+            cells.append(f"{to_first[n][-1]:.3f}")
+        body.append(cells)
+    lines = report.md_table(header, body) + [""]
     for n in names:
         r = to_peer[n]
         lines.append(f"{n}: {impl}/{peer} geometric mean {geomean(r):.4f}, >= 1.0 on "
@@ -95,8 +88,8 @@ def main(argv: list[str]) -> int:
         name, sep, path = spec.partition("=")
         if not sep:
             parser.error(f"expected NAME=path, got {spec!r}")
-        runs[name] = load(path, args.section)
-    print("\n".join(compare(runs, args.impl, args.peer)))
+        runs[name] = load(path)
+    print("\n".join(compare(runs, args.impl, args.peer, args.section)))
     return 0
 
 

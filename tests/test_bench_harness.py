@@ -300,14 +300,14 @@ def test_lost_context_restarts_without_the_culprit(tmp_path, monkeypatch, capsys
     assert all(r["status"] == "ok" for r in grid if r["impl"] == "math")
 
 
-
 def test_compare_runs_ratios(tmp_path, capsys):
     """bench/compare_runs.py: per case the ratio to the same run's peer and to the first run;
     rows that are not ok, of another section or missing from a run are left out."""
     def write(name, rows):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"rows": [
-            dict(section=sec, case_id=case, impl=impl, status=status, tbps_graph=value)
+            dict(section=sec, case_id=case, mode="decode", impl=impl, status=status,
+                 tbps_best=value)
             for (sec, case, impl, status, value) in rows]}))
         return f"{name}={path}"
     a = write("a", [("g", "c1", "flash_cuda", "ok", 2.0), ("g", "c1", "cudnn", "ok", 2.0),
