@@ -46,11 +46,14 @@ inline bool uses_decode_tile(const FwdParams& p) {
 // blocks, stages and CTAs per SM as the 64-row decode tile, so the split count below is
 // unchanged; but see plan_key_blocks for d128.
 constexpr int kKeySplitMaxRows = 32;
+// Whether the environment variable `name` is set to "0" (the A/B switches below; each caller
+// reads it once per process).
+inline bool env_is_zero(const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr && value[0] == '0' && value[1] == '\0';
+}
 inline bool keysplit_enabled() {
-    static const bool on = [] {
-        const char* value = std::getenv("FLASH_CUDA_DECODE_KEYSPLIT");
-        return !(value != nullptr && value[0] == '0' && value[1] == '\0');
-    }();
+    static const bool on = !env_is_zero("FLASH_CUDA_DECODE_KEYSPLIT");
     return on;
 }
 // Rows of one (batch, KV head) tile problem: query rows x the in-kernel GQA pack.
@@ -78,10 +81,7 @@ inline bool uses_keysplit_tile(const FwdParams& p) {
 constexpr int kWideKeyBlock = 128;
 constexpr int kWideCtasPerSm = 2;
 inline bool wide_key_blocks_enabled() {
-    static const bool on = [] {
-        const char* value = std::getenv("FLASH_CUDA_DECODE_KV128");
-        return !(value != nullptr && value[0] == '0' && value[1] == '\0');
-    }();
+    static const bool on = !env_is_zero("FLASH_CUDA_DECODE_KV128");
     return on;
 }
 // Tile geometry (kernels/sm80/traits.h: FwdDecodeConfig for the decode tile, else FwdConfig;
@@ -148,6 +148,15 @@ inline int64_t num_tiles(const FwdParams& p) {
     return static_cast<int64_t>(p.b) * heads * ((rows + bm - 1) / bm);
 }
 
+// Key blocks of a `seqlen_k`-key cache in `key_block`-key blocks, and the most splits the
+// heuristic gives it (at least kMinBlocksPerSplit blocks each, at most kMaxSplits).
+inline int key_blocks(int seqlen_k, int key_block) {
+    return std::max(1, (seqlen_k + key_block - 1) / key_block);
+}
+inline int most_splits(int seqlen_k, int key_block) {
+    return std::min(kMaxSplits, std::max(1, key_blocks(seqlen_k, key_block) / kMinBlocksPerSplit));
+}
+
 // The kvcache op's choice of the 128-key tile (after plan_gqa_packing, before num_splits; the
 // launcher, sm80/fwd_launch.cuh, follows params.wide_key_blocks): d128 tiles of at most 16 rows,
 // when the step can give the tile two CTAs per SM (tiles x its most splits >= num_sms x
@@ -160,10 +169,8 @@ inline void plan_key_blocks(FwdParams& p, int num_sms) {
         keysplit_rows(p) > 16) {
         return;
     }
-    const int n_blocks = std::max(1, (p.seqlen_k + kWideKeyBlock - 1) / kWideKeyBlock);
-    const int most_splits = std::min(kMaxSplits, std::max(1, n_blocks / kMinBlocksPerSplit));
-    p.wide_key_blocks =
-        num_tiles(p) * most_splits >= static_cast<int64_t>(num_sms) * kWideCtasPerSm;
+    p.wide_key_blocks = num_tiles(p) * most_splits(p.seqlen_k, kWideKeyBlock) >=
+                        static_cast<int64_t>(num_sms) * kWideCtasPerSm;
 }
 
 // What the split count needs to know of the tile a call runs: its key block, the key block the
@@ -201,10 +208,10 @@ inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_ti
                       const SplitGeometry& geometry, int num_sms) {
     if (!decode_tile) return 1;  // split-KV is compiled into the decode tile only
     const int bn = geometry.key_block;
-    const int n_blocks = std::max(1, (seqlen_k + bn - 1) / bn);
+    const int n_blocks = key_blocks(seqlen_k, bn);
     if (requested > 0) return std::max(1, std::min({requested, kMaxSplits, n_blocks}));
     if (tiles <= 0 || num_sms <= 0) return 1;
-    const int max_splits = std::min(kMaxSplits, std::max(1, n_blocks / kMinBlocksPerSplit));
+    const int max_splits = most_splits(seqlen_k, bn);
     const int64_t slots = static_cast<int64_t>(num_sms) * geometry.ctas_per_sm;
     const int64_t block_cost = std::max(1, bn / geometry.cost_block);
     int chosen = 1;
