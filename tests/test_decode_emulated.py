@@ -115,6 +115,11 @@ KEYSPLIT_CASES = [
      dict(num_splits=2, causal=True, pack_gqa=True)),
     ("ks32-d256-sq2-g12-window-split2", torch.bfloat16, 256, 1, 12, 1, 2, 160, None, [150],
      dict(num_splits=2, window=(20, 0), pack_gqa=True)),
+    # The 32-row tile with 128-key blocks (TraitsWide32; on the 1-SM device of tile "keysplit").
+    ("ks32w-mqa-b2-paged16-split2", torch.bfloat16, 128, 2, 32, 1, 1, 512, 16, [500, 130],
+     dict(num_splits=2, pack_gqa=True)),
+    ("ks32w-sq8-g4-causal-window-split3", torch.float16, 128, 1, 8, 2, 8, 384, None, [383],
+     dict(num_splits=3, causal=True, window=(100, 0), pack_gqa=True)),
 ]
 
 
@@ -128,21 +133,40 @@ def keysplit_qualifies(case):
     return sq * (h // hk if packed else 1) <= 32
 
 
+def heuristic_splits(tiles, seqlen_k, key_block, ctas_per_sm, num_sms, cost_block=64):
+    """kernels/decode.h num_splits with requested == 0 (the decode tile's split estimate)."""
+    n_blocks = max(1, -(-seqlen_k // key_block))
+    most = min(128, max(1, n_blocks // 2))
+    slots = num_sms * ctas_per_sm
+    block_cost = max(1, key_block // cost_block)
+    best = None
+    for s in range(1, most + 1):
+        waves = -(-tiles * s // slots)
+        cost = waves * (-(-n_blocks // s) * block_cost + 2) + (8 if s > 1 else 0)
+        if best is None or cost < best[1]:
+            best = (s, cost)
+    return best[0]
+
+
 def wide_qualifies(case, num_sms):
     """Whether a key-split case runs the 128-key tile (kernels/decode.h plan_key_blocks): kernel
-    head dim 128, at most 16 tile rows, and tiles x its most splits >= 2 CTAs per SM."""
+    head dim 128, tiles x its most splits >= 2 CTAs per SM, and the split count it then gets puts
+    more than one CTA on an SM."""
     _, _, d, b, h, hk, sq, capacity, page, _, extra = case
     packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
-    if kernel_head_dim(d + (-d) % 8) != 128 or sq * (h // hk if packed else 1) > 16:
+    if kernel_head_dim(d + (-d) % 8) != 128:
         return False
     seqlen_k = capacity if page is None else capacity // page * page
     most_splits = min(128, max(1, -(-seqlen_k // 128) // 2))
-    return b * (hk if packed else h) * most_splits >= 2 * num_sms
+    tiles = b * (hk if packed else h)
+    if tiles * most_splits < 2 * num_sms:
+        return False
+    return tiles * heuristic_splits(tiles, seqlen_k, 128, 2, num_sms) > num_sms
 
 
 # tile: "decode64" = the 64-row decode tile (FLASH_CUDA_DECODE_KEYSPLIT=0); "keysplit" = the
-# key-split tiles as the host picks them for a 1-SM device, where every d128 tile of <= 16 rows
-# takes the 128-key blocks; "keysplit-132sms": as the host picks them on the H200 (these small
+# key-split tiles as the host picks them for a 1-SM device, where most d128 key-split tiles take
+# the 128-key blocks; "keysplit-132sms": as the host picks them on the H200 (these small
 # caches: mostly the 64-key tile); "keysplit-kv64" = the 64-key key-split tile on the cases that
 # would take the 128-key one (FLASH_CUDA_DECODE_KV128=0).
 @pytest.mark.parametrize("tile", ("decode64", "keysplit", "keysplit-132sms", "keysplit-kv64"))

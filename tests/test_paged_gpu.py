@@ -9,8 +9,9 @@ append. Rotary is the append kernel's part and is not covered here.
 """
 
 import itertools
-import zlib
 import random
+import re
+import zlib
 
 import pytest
 import torch
@@ -163,6 +164,50 @@ def run_case(case, dtype):
 def test_kvcache_decode_grid(case):
     dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
     run_case(case, dtype)
+
+
+# d128 steps that take the 128-key key-split tile on the H200 (kernels/decode.h plan_key_blocks:
+# 17 sequences of 8192 keys give tiles x most splits >= 2 CTAs per SM and ~15 splits): every
+# layout and feature, 16-row tiles (GQA 4 packed, ALiBi unpacked) and 32-row ones (5 new tokens x
+# GQA 4 in the kernel; MQA 32 query heads per KV head). (case, rows of its tiles).
+WIDE_TILE_CASES = [
+    ((17, 8192, 1, 128, 4, "contiguous", "plain", 0), 16),
+    ((17, 8192, 0, 128, 4, "paged16", "causal", 0), 16),
+    ((17, 8192, 1, 128, 4, "paged256", "window", 3), 16),
+    ((17, 8192, 1, 128, 4, "leftpad", "softcap", 0), 16),
+    ((17, 8192, 0, 128, 4, "batch_idx", "plain", 16), 16),
+    ((17, 8192, 1, 128, 4, "paged64", "alibi", 0), 16),
+    ((17, 8192, 1, 128, 8, "paged32", "plain", 1), 16),
+    ((17, 8192, 1, 128, 8, "paged128", "causal", 0), 16),
+    ((17, 8192, 5, 128, 4, "contiguous", "causal", 0), 32),
+    ((17, 8192, 5, 128, 4, "paged16", "window", 0), 32),
+    ((17, 8192, 5, 128, 4, "leftpad", "plain", 3), 32),
+    ((17, 8192, 1, 128, 32, "contiguous", "plain", 0), 32),
+    ((17, 8192, 0, 128, 32, "paged16", "causal", 0), 32),
+    ((17, 8192, 1, 128, 32, "batch_idx", "softcap", 0), 32),
+]
+# The 128-key key-split tile's traits in a kernel name (FwdKeySplitTraits<HeadDim, BlockN, Stages,
+# RowSlices>), demangled or mangled; group: the row slices (1: 16 rows, 2: 32).
+_WIDE_TILE = re.compile(r"FwdKeySplitTraits<128, 128, 1, (\d)>|FwdKeySplitTraitsILi128ELi128ELi1ELi(\d)E")
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.is_available() and
+                    torch.cuda.get_device_properties(0).multi_processor_count > 132,
+                    reason="these steps fill two CTAs per SM on at most 132 SMs")
+@pytest.mark.parametrize("case,rows", WIDE_TILE_CASES, ids=lambda c: case_id(c) if isinstance(c, tuple) else str(c))
+def test_kvcache_128key_tile(case, rows):
+    """Steps that take the 128-key key-split tile (FwdDecodeKeySplitConfig::TraitsWide /
+    TraitsWide32): checked like the grid, and the profiler must show that tile's kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_case(case, dtype)
+        torch.cuda.synchronize()
+    slices = {m.group(1) or m.group(2) for e in prof.events() for m in [_WIDE_TILE.search(e.name)]
+              if m}
+    assert slices == {str(rows // 16)}, f"128-key tile runs: {slices or 'none'}"
 
 
 @needs_cuda

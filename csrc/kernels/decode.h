@@ -30,6 +30,14 @@ constexpr int kCombineBlocks = 8;
 // CTA per SM still ran at 0.81-1.01x of contiguous (geometric mean 0.93; at two: 0.89-1.00x,
 // 0.97).
 constexpr int kPagedCtasPerSm = 2;
+// The 64-row decode tile (4 busy warps with 33..64 rows: MQA with 4-8 query tokens; every
+// decode step at head dims without a key-split tile, d96) counts two CTAs per SM on contiguous
+// caches too, at kernel head dims up to 128, where two fit (d128: 112 KB of shared memory each,
+// three stages). Its key loop has four warps of math per block, and run 67's paged copies of
+// MQA with 4 query tokens, which count two, ran 1.05-1.34x faster than the contiguous calls that
+// counted one (bench/NOTES.md session 12).
+constexpr int kDecodeTileCtasPerSm = 2;
+constexpr int kDecodeTileTwoCtasMaxHeadDim = 128;
 
 // Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64, paged,
 // or GQA packed in the kernel).
@@ -63,6 +71,16 @@ inline int64_t keysplit_rows(const FwdParams& p) {
 inline bool uses_keysplit_tile(const FwdParams& p) {
     if (!keysplit_enabled() || !uses_decode_tile(p) || p.p_keep < 1.f) return false;
     return keysplit_rows(p) <= kKeySplitMaxRows;
+}
+// Kernel head dims with a key-split tile compiled in (sm80::kHasKeySplitTile is this). d192
+// would work as well (head dim a multiple of 64); left out to keep the build small.
+constexpr bool has_keysplit_tile(int kernel_head_dim) {
+    return kernel_head_dim == 64 || kernel_head_dim == 128 || kernel_head_dim == 256;
+}
+// Whether the launcher runs the key-split tile for p (else the 64-row decode tile, or the
+// 128-row tile for longer queries).
+inline bool runs_keysplit_tile(const FwdParams& p) {
+    return uses_keysplit_tile(p) && has_keysplit_tile(p.d_rounded);
 }
 
 // The kvcache op's 16-row key-split calls at d128 take 128-key blocks through one K/V stage
@@ -157,22 +175,6 @@ inline int most_splits(int seqlen_k, int key_block) {
     return std::min(kMaxSplits, std::max(1, key_blocks(seqlen_k, key_block) / kMinBlocksPerSplit));
 }
 
-// The kvcache op's choice of the 128-key tile (after plan_gqa_packing, before num_splits; the
-// launcher, sm80/fwd_launch.cuh, follows params.wide_key_blocks): d128 tiles of at most 16 rows,
-// when the step can give the tile two CTAs per SM (tiles x its most splits >= num_sms x
-// kWideCtasPerSm). Short caches of few heads cannot: run 66 (two CTAs per SM counted) had GQA
-// b1 / b8 kv1k and MHA b1 kv1k at 0.83-0.97x of the 64-key tile, whose three stages and twice
-// the splits (64-key blocks) keep more loads in flight. Shapes only (seqlen_k is the capacity).
-inline void plan_key_blocks(FwdParams& p, int num_sms) {
-    p.wide_key_blocks = false;
-    if (!wide_key_blocks_enabled() || p.d_rounded != 128 || !uses_keysplit_tile(p) ||
-        keysplit_rows(p) > 16) {
-        return;
-    }
-    p.wide_key_blocks = num_tiles(p) * most_splits(p.seqlen_k, kWideKeyBlock) >=
-                        static_cast<int64_t>(num_sms) * kWideCtasPerSm;
-}
-
 // What the split count needs to know of the tile a call runs: its key block, the key block the
 // costs below are counted in (the 64-row decode tile's: block_n), and the CTAs per SM that make a
 // full wave.
@@ -184,7 +186,11 @@ struct SplitGeometry {
 inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
     if (p.wide_key_blocks) return {kWideKeyBlock, bn, kWideCtasPerSm};
-    return {bn, bn, p.block_table != nullptr ? kPagedCtasPerSm : 1};
+    if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm};
+    if (!runs_keysplit_tile(p) && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
+        return {bn, bn, kDecodeTileCtasPerSm};
+    }
+    return {bn, bn, 1};
 }
 
 // Split count for a problem of `tiles` CTAs (batch x heads x m blocks) over key blocks of a
@@ -226,6 +232,28 @@ inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_ti
         }
     }
     return chosen;
+}
+
+// The kvcache op's choice of the 128-key tile (after plan_gqa_packing, before num_splits; the
+// launcher, sm80/fwd_launch.cuh, follows params.wide_key_blocks): d128 key-split tiles (16 rows,
+// or 32: MQA), when the step can give the tile two CTAs per SM (tiles x its most splits >=
+// num_sms x kWideCtasPerSm) and the split count it then gets puts more than one CTA on an SM.
+// Short caches of few heads cannot: run 66 (two CTAs per SM counted) had GQA b1 / b8 kv1k and
+// MHA b1 kv1k at 0.83-0.97x of the 64-key tile, whose three stages and twice the splits (64-key
+// blocks) keep more loads in flight; the second condition keeps the one-stage tile off steps of
+// at most one CTA per SM (MQA b128 kv1k: 128 tiles, one split). Shapes only (seqlen_k is the
+// capacity).
+inline void plan_key_blocks(FwdParams& p, int num_sms) {
+    p.wide_key_blocks = false;
+    if (!wide_key_blocks_enabled() || p.d_rounded != 128 || !runs_keysplit_tile(p)) return;
+    const int64_t tiles = num_tiles(p);
+    if (tiles * most_splits(p.seqlen_k, kWideKeyBlock) <
+        static_cast<int64_t>(num_sms) * kWideCtasPerSm) {
+        return;
+    }
+    p.wide_key_blocks = true;
+    const int splits = num_splits(0, tiles, p.seqlen_k, true, split_geometry(p), num_sms);
+    p.wide_key_blocks = tiles * splits > num_sms;
 }
 
 }  // namespace decode

@@ -159,6 +159,14 @@ void run(FwdParams& params) {
                     std::printf("emulator: key-split decode tile, 16 rows\n");
                     run_traits<Element, typename Config::Traits, Causal>(params);
                 } else {
+                    if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
+                        if (params.wide_key_blocks) {
+                            std::printf("emulator: key-split decode tile, 32 rows, 128-key "
+                                        "blocks\n");
+                            run_traits<Element, typename Config::TraitsWide32, Causal>(params);
+                            return;
+                        }
+                    }
                     std::printf("emulator: key-split decode tile, 32 rows\n");
                     run_traits<Element, typename Config::Traits32, Causal>(params);
                 }

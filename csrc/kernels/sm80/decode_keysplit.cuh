@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/decode.h"
 #include "kernels/ptx.cuh"
 #include "kernels/softmax.cuh"
 #include "kernels/sm80/tile_io.cuh"
@@ -111,10 +112,10 @@ struct FwdKeySplitTraits {
 };
 
 // Head dims with a key-split tile compiled in (the others, and every call with
-// FLASH_CUDA_DECODE_KEYSPLIT=0, take the 64-row decode tile). d192 would work as well (head dim
-// a multiple of 64); left out to keep the build small.
+// FLASH_CUDA_DECODE_KEYSPLIT=0, take the 64-row decode tile): kernels/decode.h, whose split count
+// needs to know which tile runs.
 template <int HeadDim>
-constexpr bool kHasKeySplitTile = HeadDim == 64 || HeadDim == 128 || HeadDim == 256;
+constexpr bool kHasKeySplitTile = decode::has_keysplit_tile(HeadDim);
 
 // Same key blocks and stages as the 64-row decode tile (FwdDecodeTraits). Traits: 16 rows, the 4
 // warps split each key block 4 ways; Traits32: 32 rows (MQA 32/1 decode, 17..32 packed rows),
@@ -124,15 +125,17 @@ struct FwdDecodeKeySplitConfig {
     using Traits = FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim), 1>;
     using Traits32 =
         FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim), 2>;
-    // The kvcache op's 16-row calls at the head dims of kHasWideKeySplitTile (kernels/decode.h
-    // plan_key_blocks): 128-key blocks through one K/V stage (68 KB of shared memory; 214
-    // registers, so two CTAs per SM), each warp 32 keys of a block: one barrier pair and one
-    // online-softmax step per 128 keys instead of per 64.
+    // The kvcache op's calls at the head dims of kHasWideKeySplitTile where kernels/decode.h
+    // plan_key_blocks takes them: 128-key blocks through one K/V stage, one barrier pair and one
+    // online-softmax step per 128 keys instead of per 64. TraitsWide: 16 rows, each warp 32 keys
+    // of a block (68 KB of shared memory; 214 registers at d128, so two CTAs per SM).
+    // TraitsWide32: 32 rows (MQA), 2 row slices x 2 key slices of 64 keys (72 KB).
     using TraitsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1>;
+    using TraitsWide32 = FwdKeySplitTraits<HeadDim, 128, 1, 2>;
 };
-// Head dims with TraitsWide compiled in. At d128 it streams 1.1% faster than Traits on the
-// decode steps that take it (geometric mean, bench/NOTES.md run 67); d64 already has 128-key
-// blocks.
+// Head dims with TraitsWide / TraitsWide32 compiled in. At d128 TraitsWide streams 1.1% faster
+// than Traits on the decode steps that take it (geometric mean, bench/NOTES.md run 67); d64
+// already has 128-key blocks.
 template <int HeadDim>
 constexpr bool kHasWideKeySplitTile = HeadDim == 128;
 

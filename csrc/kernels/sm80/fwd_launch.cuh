@@ -160,6 +160,14 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
                     sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(
                         params, stream);
                 } else {
+                    if constexpr (sm80::kHasWideKeySplitTile<HeadDim>) {
+                        if (params.wide_key_blocks) {
+                            using Wide = typename KeySplitConfig::TraitsWide32;
+                            sm80::launch_fwd<Element, Wide, Wide, Wide, Decode, Causal>(params,
+                                                                                        stream);
+                            return;
+                        }
+                    }
                     using KeySplit = typename KeySplitConfig::Traits32;
                     sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(
                         params, stream);
