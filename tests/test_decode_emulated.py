@@ -150,8 +150,8 @@ def heuristic_splits(tiles, seqlen_k, key_block, ctas_per_sm, num_sms, cost_bloc
 
 def wide_qualifies(case, num_sms):
     """Whether a key-split case runs the 128-key tile (kernels/decode.h plan_key_blocks): kernel
-    head dim 128, tiles x its most splits >= 2 CTAs per SM, and the split count it then gets puts
-    more than one CTA on an SM."""
+    head dim 128, tiles x its most splits >= 2 CTAs per SM, 32-row tiles only where tiles >= SMs,
+    and the split count it then gets puts more than one CTA on an SM."""
     _, _, d, b, h, hk, sq, capacity, page, _, extra = case
     packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
     if kernel_head_dim(d + (-d) % 8) != 128:
@@ -159,7 +159,8 @@ def wide_qualifies(case, num_sms):
     seqlen_k = capacity if page is None else capacity // page * page
     most_splits = min(128, max(1, -(-seqlen_k // 128) // 2))
     tiles = b * (hk if packed else h)
-    if tiles * most_splits < 2 * num_sms:
+    rows = sq * (h // hk if packed else 1)
+    if tiles * most_splits < 2 * num_sms or (rows > 16 and tiles < num_sms):
         return False
     return tiles * heuristic_splits(tiles, seqlen_k, 128, 2, num_sms) > num_sms
 

@@ -166,10 +166,11 @@ def test_kvcache_decode_grid(case):
     run_case(case, dtype)
 
 
-# d128 steps that take the 128-key key-split tile on the H200 (kernels/decode.h plan_key_blocks:
-# 17 sequences of 8192 keys give tiles x most splits >= 2 CTAs per SM and ~15 splits): every
-# layout and feature, 16-row tiles (GQA 4 packed, ALiBi unpacked) and 32-row ones (5 new tokens x
-# GQA 4 in the kernel; MQA 32 query heads per KV head). (case, rows of its tiles).
+# d128 steps that take the 128-key key-split tile on the H200 (kernels/decode.h plan_key_blocks):
+# 16-row tiles (GQA 4 / 8 packed, ALiBi unpacked), where 17 sequences of 8192 keys give tiles x
+# most splits >= 2 CTAs per SM and ~15 splits; 32-row tiles (5 new tokens x GQA 4 in the kernel,
+# MQA 32 query heads per KV head), which need at least as many tiles as SMs: 136 sequences.
+# Every layout and feature. (case, rows of its tiles).
 WIDE_TILE_CASES = [
     ((17, 8192, 1, 128, 4, "contiguous", "plain", 0), 16),
     ((17, 8192, 0, 128, 4, "paged16", "causal", 0), 16),
@@ -179,12 +180,12 @@ WIDE_TILE_CASES = [
     ((17, 8192, 1, 128, 4, "paged64", "alibi", 0), 16),
     ((17, 8192, 1, 128, 8, "paged32", "plain", 1), 16),
     ((17, 8192, 1, 128, 8, "paged128", "causal", 0), 16),
-    ((17, 8192, 5, 128, 4, "contiguous", "causal", 0), 32),
-    ((17, 8192, 5, 128, 4, "paged16", "window", 0), 32),
-    ((17, 8192, 5, 128, 4, "leftpad", "plain", 3), 32),
-    ((17, 8192, 1, 128, 32, "contiguous", "plain", 0), 32),
-    ((17, 8192, 0, 128, 32, "paged16", "causal", 0), 32),
-    ((17, 8192, 1, 128, 32, "batch_idx", "softcap", 0), 32),
+    ((136, 1000, 5, 128, 4, "contiguous", "causal", 0), 32),
+    ((136, 1000, 5, 128, 4, "paged16", "window", 0), 32),
+    ((136, 1000, 5, 128, 4, "leftpad", "plain", 3), 32),
+    ((136, 1000, 1, 128, 32, "contiguous", "plain", 0), 32),
+    ((136, 1000, 0, 128, 32, "paged16", "causal", 0), 32),
+    ((136, 1000, 1, 128, 32, "batch_idx", "softcap", 0), 32),
 ]
 # The 128-key key-split tile's traits in a kernel name (FwdKeySplitTraits<HeadDim, BlockN, Stages,
 # RowSlices>), demangled or mangled; group: the row slices (1: 16 rows, 2: 32).
@@ -194,7 +195,7 @@ _WIDE_TILE = re.compile(r"FwdKeySplitTraits<128, 128, 1, (\d)>|FwdKeySplitTraits
 @needs_cuda
 @pytest.mark.skipif(torch.cuda.is_available() and
                     torch.cuda.get_device_properties(0).multi_processor_count > 132,
-                    reason="these steps fill two CTAs per SM on at most 132 SMs")
+                    reason="the 32-row steps have at least as many tiles as SMs up to 136")
 @pytest.mark.parametrize("case,rows", WIDE_TILE_CASES, ids=lambda c: case_id(c) if isinstance(c, tuple) else str(c))
 def test_kvcache_128key_tile(case, rows):
     """Steps that take the 128-key key-split tile (FwdDecodeKeySplitConfig::TraitsWide /

@@ -30,14 +30,16 @@ constexpr int kCombineBlocks = 8;
 // CTA per SM still ran at 0.81-1.01x of contiguous (geometric mean 0.93; at two: 0.89-1.00x,
 // 0.97).
 constexpr int kPagedCtasPerSm = 2;
-// The 64-row decode tile (4 busy warps with 33..64 rows: MQA with 4-8 query tokens; every
-// decode step at head dims without a key-split tile, d96) counts two CTAs per SM on contiguous
-// caches too, at kernel head dims up to 128, where two fit (d128: 112 KB of shared memory each,
-// three stages). Its key loop has four warps of math per block, and run 67's paged copies of
-// MQA with 4 query tokens, which count two, ran 1.05-1.34x faster than the contiguous calls that
-// counted one (bench/NOTES.md session 12).
+// The 64-row decode tile (33..64 rows: MQA with 4-8 query tokens; every decode step at head dims
+// without a key-split tile, d96) counts two CTAs per SM on contiguous caches too, at kernel head
+// dims up to 128, where two fit (d128: 112 KB of shared memory each, three stages), but the
+// second CTA per SM may split a cache only down to kDecodeTileSecondCtaMinBlocks key blocks per
+// split (num_splits). Run 69 (bench/NOTES.md session 12), two CTAs per SM against one: 1.05-1.39x
+// where the splits kept >= 8 blocks (MQA q4 / q8 b8-b32, d96 GQA b8), but 0.86-0.98x where they
+// went down to 2-4 blocks from 4-8 (MQA q4 b1 kv32k, q8 b1 kv8k / b8 kv1k, d96 b1 kv8k).
 constexpr int kDecodeTileCtasPerSm = 2;
 constexpr int kDecodeTileTwoCtasMaxHeadDim = 128;
+constexpr int kDecodeTileSecondCtaMinBlocks = 8;
 
 // Whether the decode tile runs a problem (kernels/sm80/fwd_launch.cuh: seqlen_q <= 64, paged,
 // or GQA packed in the kernel).
@@ -171,26 +173,46 @@ inline int64_t num_tiles(const FwdParams& p) {
 inline int key_blocks(int seqlen_k, int key_block) {
     return std::max(1, (seqlen_k + key_block - 1) / key_block);
 }
-inline int most_splits(int seqlen_k, int key_block) {
-    return std::min(kMaxSplits, std::max(1, key_blocks(seqlen_k, key_block) / kMinBlocksPerSplit));
+inline int most_splits(int seqlen_k, int key_block, int min_blocks = kMinBlocksPerSplit) {
+    return std::min(kMaxSplits, std::max(1, key_blocks(seqlen_k, key_block) / min_blocks));
 }
 
 // What the split count needs to know of the tile a call runs: its key block, the key block the
-// costs below are counted in (the 64-row decode tile's: block_n), and the CTAs per SM that make a
-// full wave.
+// costs below are counted in (the 64-row decode tile's: block_n), the CTAs per SM that make a
+// full wave, and (second_cta_min_blocks > 0: the 64-row tile's contiguous calls) the fewest key
+// blocks per split that the second CTA per SM may split down to.
 struct SplitGeometry {
     int key_block;
     int cost_block;
     int ctas_per_sm;
+    int second_cta_min_blocks = 0;
 };
 inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
     if (p.wide_key_blocks) return {kWideKeyBlock, bn, kWideCtasPerSm};
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm};
     if (!runs_keysplit_tile(p) && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
-        return {bn, bn, kDecodeTileCtasPerSm};
+        return {bn, bn, kDecodeTileCtasPerSm, kDecodeTileSecondCtaMinBlocks};
     }
     return {bn, bn, 1};
+}
+
+// The count s <= max_splits with the shortest estimated time (num_splits below), ties to the
+// fewer splits.
+inline int cheapest_splits(int64_t tiles, int n_blocks, int max_splits, int64_t slots,
+                           int64_t block_cost) {
+    int chosen = 1;
+    int64_t chosen_cost = -1;
+    for (int s = 1; s <= max_splits; ++s) {
+        const int64_t waves = (tiles * s + slots - 1) / slots;
+        const int64_t cost = waves * ((n_blocks + s - 1) / s * block_cost + kSplitOverheadBlocks) +
+                             (s > 1 ? kCombineBlocks : 0);
+        if (chosen_cost < 0 || cost < chosen_cost) {
+            chosen = s;
+            chosen_cost = cost;
+        }
+    }
+    return chosen;
 }
 
 // Split count for a problem of `tiles` CTAs (batch x heads x m blocks) over key blocks of a
@@ -210,6 +232,9 @@ inline SplitGeometry split_geometry(const FwdParams& p) {
 // one, the paged copies ran at 0.65-0.77x of contiguous on the large cells (run 46), with their
 // pages shuffled or in cache order alike (run 50), and at 0.83-0.99x after the leaner copies of
 // run 56 (page 16, kv32k / kv131k cells). So does the one-stage 128-key tile (kWideCtasPerSm).
+// The 64-row tile's contiguous calls (kDecodeTileCtasPerSm): the count at two CTAs per SM with at
+// least kDecodeTileSecondCtaMinBlocks blocks per split if its CTAs fill 3/4 of the SMs, else the
+// count at one CTA per SM if that fills them, else the count at two with the usual minimum.
 inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_tile,
                       const SplitGeometry& geometry, int num_sms) {
     if (!decode_tile) return 1;  // split-KV is compiled into the decode tile only
@@ -217,38 +242,40 @@ inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_ti
     const int n_blocks = key_blocks(seqlen_k, bn);
     if (requested > 0) return std::max(1, std::min({requested, kMaxSplits, n_blocks}));
     if (tiles <= 0 || num_sms <= 0) return 1;
-    const int max_splits = most_splits(seqlen_k, bn);
-    const int64_t slots = static_cast<int64_t>(num_sms) * geometry.ctas_per_sm;
     const int64_t block_cost = std::max(1, bn / geometry.cost_block);
-    int chosen = 1;
-    int64_t chosen_cost = -1;
-    for (int s = 1; s <= max_splits; ++s) {
-        const int64_t waves = (tiles * s + slots - 1) / slots;
-        const int64_t cost = waves * ((n_blocks + s - 1) / s * block_cost + kSplitOverheadBlocks) +
-                             (s > 1 ? kCombineBlocks : 0);
-        if (chosen_cost < 0 || cost < chosen_cost) {
-            chosen = s;
-            chosen_cost = cost;
-        }
+    const int64_t slots = static_cast<int64_t>(num_sms) * geometry.ctas_per_sm;
+    if (geometry.second_cta_min_blocks > 0) {
+        const int64_t filled = static_cast<int64_t>(num_sms) * 3 / 4;
+        const int long_splits = cheapest_splits(
+            tiles, n_blocks, most_splits(seqlen_k, bn, geometry.second_cta_min_blocks), slots,
+            block_cost);
+        if (tiles * long_splits >= filled) return long_splits;
+        const int one_cta = cheapest_splits(tiles, n_blocks, most_splits(seqlen_k, bn), num_sms,
+                                            block_cost);
+        if (tiles * one_cta >= filled) return one_cta;
     }
-    return chosen;
+    return cheapest_splits(tiles, n_blocks, most_splits(seqlen_k, bn), slots, block_cost);
 }
 
 // The kvcache op's choice of the 128-key tile (after plan_gqa_packing, before num_splits; the
-// launcher, sm80/fwd_launch.cuh, follows params.wide_key_blocks): d128 key-split tiles (16 rows,
-// or 32: MQA), when the step can give the tile two CTAs per SM (tiles x its most splits >=
-// num_sms x kWideCtasPerSm) and the split count it then gets puts more than one CTA on an SM.
+// launcher, sm80/fwd_launch.cuh, follows params.wide_key_blocks): d128 key-split tiles, when the
+// step can give the tile two CTAs per SM (tiles x its most splits >= num_sms x kWideCtasPerSm)
+// and the split count it then gets puts more than one CTA on an SM; 32-row tiles (MQA, GQA with
+// several query tokens) only where their tiles alone fill the SMs.
 // Short caches of few heads cannot: run 66 (two CTAs per SM counted) had GQA b1 / b8 kv1k and
 // MHA b1 kv1k at 0.83-0.97x of the 64-key tile, whose three stages and twice the splits (64-key
 // blocks) keep more loads in flight; the second condition keeps the one-stage tile off steps of
-// at most one CTA per SM (MQA b128 kv1k: 128 tiles, one split). Shapes only (seqlen_k is the
-// capacity).
+// at most one CTA per SM. The 32-row tile with 128-key blocks (run 69): 1.01-1.04x of the 64-key
+// one where tiles >= SMs (GQA 32/8 with 8 query tokens, b32 / b128), 0.975-1.006x where it
+// needed more splits instead (MQA b8-b128 one token, GQA q8 b1 / b8). Shapes only (seqlen_k is
+// the capacity).
 inline void plan_key_blocks(FwdParams& p, int num_sms) {
     p.wide_key_blocks = false;
     if (!wide_key_blocks_enabled() || p.d_rounded != 128 || !runs_keysplit_tile(p)) return;
     const int64_t tiles = num_tiles(p);
     if (tiles * most_splits(p.seqlen_k, kWideKeyBlock) <
-        static_cast<int64_t>(num_sms) * kWideCtasPerSm) {
+            static_cast<int64_t>(num_sms) * kWideCtasPerSm ||
+        (keysplit_rows(p) > 16 && tiles < num_sms)) {
         return;
     }
     p.wide_key_blocks = true;
