@@ -36,7 +36,8 @@ constexpr int kPagedCtasPerSm = 2;
 // second CTA per SM may split a cache only down to kDecodeTileSecondCtaMinBlocks key blocks per
 // split (num_splits). Run 69 (bench/NOTES.md session 12), two CTAs per SM against one: 1.05-1.39x
 // where the splits kept >= 8 blocks (MQA q4 / q8 b8-b32, d96 GQA b8), but 0.86-0.98x where they
-// went down to 2-4 blocks from 4-8 (MQA q4 b1 kv32k, q8 b1 kv8k / b8 kv1k, d96 b1 kv8k).
+// went down to 2-4 blocks from 4-8 (MQA q4 b1 kv32k, q8 b1 kv8k / b8 kv1k, d96 b1 kv8k). With
+// this rule (run 70): MQA q4 / q8 1.06-1.38x on 17 cells, d96 1.04-1.24x, the rest unchanged.
 constexpr int kDecodeTileCtasPerSm = 2;
 constexpr int kDecodeTileTwoCtasMaxHeadDim = 128;
 constexpr int kDecodeTileSecondCtaMinBlocks = 8;
@@ -85,9 +86,10 @@ inline bool runs_keysplit_tile(const FwdParams& p) {
     return uses_keysplit_tile(p) && has_keysplit_tile(p.d_rounded);
 }
 
-// The kvcache op's 16-row key-split calls at d128 take 128-key blocks through one K/V stage
-// (sm80/decode_keysplit.cuh FwdDecodeKeySplitConfig::TraitsWide): one barrier pair and one
-// online-softmax step per 128 keys. With a single stage a CTA does not overlap its own loads
+// The kvcache op's key-split calls at d128 (16-row tiles; 32-row ones where there are as many
+// tiles as SMs: plan_key_blocks) take 128-key blocks through one K/V stage
+// (sm80/decode_keysplit.cuh FwdDecodeKeySplitConfig::TraitsWide / TraitsWide32): one barrier
+// pair and one online-softmax step per 128 keys. With a single stage a CTA does not overlap its own loads
 // with its math, so the split count below counts two CTAs per SM for it (kWideCtasPerSm), as
 // for paged caches, and plan_key_blocks takes it only where a step can have two. bench/NOTES.md
 // runs 65-67: with one CTA per SM counted it was 1-3% faster than the 64-key tile where steps had

@@ -129,7 +129,8 @@ struct FwdDecodeKeySplitConfig {
     // plan_key_blocks takes them: 128-key blocks through one K/V stage, one barrier pair and one
     // online-softmax step per 128 keys instead of per 64. TraitsWide: 16 rows, each warp 32 keys
     // of a block (68 KB of shared memory; 214 registers at d128, so two CTAs per SM).
-    // TraitsWide32: 32 rows (MQA), 2 row slices x 2 key slices of 64 keys (72 KB).
+    // TraitsWide32: 32 rows (MQA, GQA with several query tokens), 2 row slices x 2 key slices
+    // of 64 keys (72 KB; 217-225 registers).
     using TraitsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1>;
     using TraitsWide32 = FwdKeySplitTraits<HeadDim, 128, 1, 2>;
 };
