@@ -28,10 +28,13 @@
 namespace flash_cuda {
 namespace {
 
+// The head dims kernels are written for (FLASH_CUDA_HEADDIMS picks which are built).
+constexpr std::array<int, 8> kKernelHeadDims = {32, 64, 96, 128, 160, 192, 224, 256};
+
 // Smallest kernel head dim that holds `d` (kernels exist for these; inputs are padded to a
 // multiple of 8 and the kernel predicates the columns past d).
 int kernel_head_dim(int64_t d) {
-    for (int hd : {32, 64, 96, 128, 160, 192, 224, 256}) {
+    for (int hd : kKernelHeadDims) {
         if (d <= hd) return hd;
     }
     return -1;
@@ -889,6 +892,16 @@ std::tuple<Tensor, Tensor> combine_splits_cuda(const Tensor& out_partial,
         run_combine_splits<decltype(element)>(p, stream);
     });
     return {out, lse};
+}
+
+std::string built_head_dims() {
+    std::string dims;
+    for (int hd : kKernelHeadDims) {
+        if (!head_dim_built(hd)) continue;
+        if (!dims.empty()) dims += ',';
+        dims += std::to_string(hd);
+    }
+    return dims;
 }
 
 }  // namespace flash_cuda

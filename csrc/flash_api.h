@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace flash_cuda {
@@ -56,5 +57,9 @@ FLASH_CUDA_DECLARE_OPS(cpu)
 FLASH_CUDA_DECLARE_OPS(cuda)
 
 #undef FLASH_CUDA_DECLARE_OPS
+
+// The kernel head dims this build has kernels for (FLASH_CUDA_HEADDIMS at build time), e.g.
+// "64,128"; the others run the exact reference. flash_cuda._C.built_head_dims holds it.
+std::string built_head_dims();
 
 }  // namespace flash_cuda

@@ -14,11 +14,20 @@
 
 #ifndef FLASH_CUDA_NO_PYTHON
 extern "C" {
-// The module object is empty: the ops register themselves with the dispatcher when the shared
-// library loads. Limited API, so one build serves every CPython >= 3.10.
+// The module object holds only `built_head_dims` (a string, e.g. "64,128": the kernel head dims
+// compiled in; tests skip kernel checks of the others): the ops register themselves with the
+// dispatcher when the shared library loads. Limited API, so one build serves every
+// CPython >= 3.10.
 PyObject* PyInit__C(void) {
     static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-    return PyModule_Create(&module_def);
+    PyObject* module = PyModule_Create(&module_def);
+    if (module != nullptr &&
+        PyModule_AddStringConstant(module, "built_head_dims",
+                                   flash_cuda::built_head_dims().c_str()) != 0) {
+        Py_DECREF(module);
+        return nullptr;
+    }
+    return module;
 }
 }
 #endif  // FLASH_CUDA_NO_PYTHON

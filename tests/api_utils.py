@@ -9,6 +9,12 @@ import torch
 import flash_cuda  # noqa: F401  (registers the ops, their fakes and autograd)
 
 
+def built_head_dims() -> set[int]:
+    """The kernel head dims the extension was built with (FLASH_CUDA_HEADDIMS at build time); the
+    others run the exact reference."""
+    return {int(d) for d in flash_cuda._C.built_head_dims.split(",") if d}
+
+
 @contextlib.contextmanager
 def fake_mode():
     """Fake tensors: shapes/dtypes/devices only, CUDA works without a GPU (the ops' fakes run)."""

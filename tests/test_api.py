@@ -7,6 +7,7 @@ no GPU needed) and, where the CPU reference is built in, on real CPU tensors.
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import torch
 import flash_cuda
 from flash_cuda import bert_padding
 from flash_cuda.layers import rotary
-from api_utils import cu_seqlens, fake_mode, rand, round128
+from api_utils import built_head_dims, cu_seqlens, fake_mode, rand, round128
 
 _ATTN_KW = [
     ("dropout_p", 0.0), ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
@@ -367,3 +368,16 @@ def test_dropout_cpu():
     out1 = flash_cuda.flash_attn_func(q, k, v, 0.5)
     torch.manual_seed(7)
     torch.testing.assert_close(flash_cuda.flash_attn_func(q, k, v, 0.5), out1)
+
+
+def test_built_head_dims_follow_the_build_variable():
+    """flash_cuda._C.built_head_dims lists the kernel head dims compiled in (tests of kernel
+    choices skip the others). Where FLASH_CUDA_HEADDIMS is set, as scripts/run_tests.sh sets it for
+    the build and the tests alike (CI: 64), they are the ones it names."""
+    all_dims = {32, 64, 96, 128, 160, 192, 224, 256}
+    dims = built_head_dims()
+    assert dims <= all_dims
+    env = os.environ.get("FLASH_CUDA_HEADDIMS", "").strip()
+    if env:
+        expected = set() if env == "none" else {int(x) for x in env.split(",") if x.strip()}
+        assert dims == expected, f"built {sorted(dims)}, FLASH_CUDA_HEADDIMS={env!r}"
