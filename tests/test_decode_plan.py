@@ -1,0 +1,76 @@
+"""The decode plan (csrc/kernels/decode.h: tile, key block, CTAs per SM counted, splits) of the
+issue-5 grid cells whose choice a benchmark measured, through scripts/decode_plan.cpp (host code,
+no GPU). A change of decode.h's rules that moves one of these cells has to be measured again
+(bench/NOTES.md has the runs) and this list updated with it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+# cell -> plan on the H200 (132 SMs), with the run that measured the choice.
+PINNED = {
+    # Run 66-67: the 16-row tile keeps 64-key blocks where 128-key ones cannot fill two CTAs per
+    # SM (short caches of few heads), and takes them where they can.
+    "d128 contiguous q1 h32/8 b1 kv1024": "keysplit16 kb64 ctas/sm 1 tiles 8 splits 8 ctas 64",
+    "d128 contiguous q1 h32/32 b1 kv1024": "keysplit16 kb64 ctas/sm 1 tiles 32 splits 4 ctas 128",
+    "d128 contiguous q1 h32/8 b1 kv32768":
+        "keysplit16-kv128 kb128 ctas/sm 2 tiles 8 splits 32 ctas 256",
+    "d128 contiguous q1 h32/8 b32 kv8192":
+        "keysplit16-kv128 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+    # Run 69-70: the 32-row tile takes 128-key blocks only where its tiles fill the SMs.
+    "d128 contiguous q8 h32/8 b32 kv8192":
+        "keysplit32-kv128 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+    "d128 contiguous q1 h32/1 b128 kv8192": "keysplit32 kb64 ctas/sm 1 tiles 128 splits 1 ctas 128",
+    # Run 69-70: the 64-row tile's second CTA per SM, down to 8 key blocks per split; the
+    # one-CTA count where the floor leaves SMs idle and that count fills them; the plain two-CTA
+    # count where neither fills them.
+    "d128 contiguous q4 h32/1 b8 kv32768": "decode64 kb64 ctas/sm 2 tiles 16 splits 16 ctas 256",
+    "d128 contiguous q4 h32/1 b1 kv32768": "decode64 kb64 ctas/sm 2 tiles 2 splits 64 ctas 128",
+    "d128 contiguous q8 h32/1 b8 kv1024": "decode64 kb64 ctas/sm 2 tiles 32 splits 4 ctas 128",
+    "d128 contiguous q4 h32/1 b32 kv1024": "decode64 kb64 ctas/sm 2 tiles 64 splits 4 ctas 256",
+    "d96 contiguous q1 h32/8 b8 kv32768": "decode64 kb64 ctas/sm 2 tiles 64 splits 4 ctas 256",
+    "d96 contiguous q1 h32/8 b1 kv8192": "decode64 kb64 ctas/sm 2 tiles 8 splits 16 ctas 128",
+    # Run 46 / 57: paged calls count two CTAs per SM.
+    "d128 paged q1 h32/1 b32 kv1024": "keysplit32 kb64 ctas/sm 2 tiles 32 splits 8 ctas 256",
+    "d128 paged q4 h32/1 b1 kv32768": "decode64 kb64 ctas/sm 2 tiles 2 splits 128 ctas 256",
+}
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    binary = tmp_path_factory.mktemp("decode_plan") / "decode_plan"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT / 'csrc'}",
+                    str(ROOT / "scripts" / "decode_plan.cpp"), "-o", str(binary)], check=True)
+    # The library's A/B switches off: the default rules.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASH_CUDA_DECODE_")}
+    out = subprocess.run([str(binary), "132"], check=True, env=env, stdout=subprocess.PIPE,
+                         text=True).stdout
+    return dict(line.split(": ", 1) for line in out.splitlines())
+
+
+@pytest.mark.parametrize("cell", sorted(PINNED))
+def test_decode_plan_pinned(plans, cell):
+    assert plans[cell] == PINNED[cell]
+
+
+def test_decode_plan_covers_the_grid(plans):
+    """Every grid cell has a plan with 1..128 splits (combine.cu's limit) and tiles x splits
+    CTAs."""
+    assert len(plans) > 1000
+    for cell, plan in plans.items():
+        fields = plan.split()
+        splits = int(fields[fields.index("splits") + 1])
+        tiles = int(fields[fields.index("tiles") + 1])
+        ctas = int(fields[fields.index("ctas") + 1])
+        assert 1 <= splits <= 128, cell
+        assert ctas == tiles * splits, cell
