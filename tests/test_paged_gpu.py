@@ -189,7 +189,8 @@ WIDE_TILE_CASES = [
 ]
 # The 128-key key-split tile's traits in a kernel name (FwdKeySplitTraits<HeadDim, BlockN, Stages,
 # RowSlices>), demangled or mangled; group: the row slices (1: 16 rows, 2: 32).
-_WIDE_TILE = re.compile(r"FwdKeySplitTraits<128, 128, 1, (\d)>|FwdKeySplitTraitsILi128ELi128ELi1ELi(\d)E")
+_WIDE_TILE = re.compile(r"FwdKeySplitTraits<128, 128, 1, (\d)>|"
+                        r"FwdKeySplitTraitsILi128ELi128ELi1ELi(\d)E")
 
 
 @needs_cuda

@@ -89,14 +89,14 @@ inline bool runs_keysplit_tile(const FwdParams& p) {
 // The kvcache op's key-split calls at d128 (16-row tiles; 32-row ones where there are as many
 // tiles as SMs: plan_key_blocks) take 128-key blocks through one K/V stage
 // (sm80/decode_keysplit.cuh FwdDecodeKeySplitConfig::TraitsWide / TraitsWide32): one barrier
-// pair and one online-softmax step per 128 keys. With a single stage a CTA does not overlap its own loads
-// with its math, so the split count below counts two CTAs per SM for it (kWideCtasPerSm), as
-// for paged caches, and plan_key_blocks takes it only where a step can have two. bench/NOTES.md
-// runs 65-67: with one CTA per SM counted it was 1-3% faster than the 64-key tile where steps had
-// two CTAs per SM anyway and 10-23% slower where the count left one; as chosen now (run 67,
-// d128 grid at 1 and 4 query tokens) 0.99-1.04x of the 64-key tile on the 48 GQA / MHA cells
-// that take it, geometric mean 1.011x, and 30 of 44 one-token cells at >= 1.0x cuDNN (20 with
-// the 64-key tile in the same run).
+// pair and one online-softmax step per 128 keys. With a single stage a CTA does not overlap its
+// own loads with its math, so the split count below counts two CTAs per SM for it
+// (kWideCtasPerSm), as for paged caches, and plan_key_blocks takes it only where a step can
+// have two. bench/NOTES.md runs 65-67: with one CTA per SM counted it was 1-3% faster than the
+// 64-key tile where steps had two CTAs per SM anyway and 10-23% slower where the count left one;
+// as chosen now (run 67, d128 grid at 1 and 4 query tokens) 0.99-1.04x of the 64-key tile on the
+// 48 GQA / MHA cells that take it, geometric mean 1.011x, and 30 of 44 one-token cells at >= 1.0x
+// cuDNN (20 with the 64-key tile in the same run).
 // FLASH_CUDA_DECODE_KV128=0 in the environment (read once per process, host side) keeps them on
 // the 64-key tile (A/B runs). flash_attn_func's short queries, which never split, keep the
 // 64-key tile.
