@@ -35,9 +35,10 @@ constexpr int kPagedCtasPerSm = 2;
 // dims up to 128, where two fit (d128: 112 KB of shared memory each, three stages), but the
 // second CTA per SM may split a cache only down to kDecodeTileSecondCtaMinBlocks key blocks per
 // split (num_splits). Run 69 (bench/NOTES.md session 12), two CTAs per SM against one: 1.05-1.39x
-// where the splits kept >= 8 blocks (MQA q4 / q8 b8-b32, d96 GQA b8), but 0.86-0.98x where they
-// went down to 2-4 blocks from 4-8 (MQA q4 b1 kv32k, q8 b1 kv8k / b8 kv1k, d96 b1 kv8k). With
-// this rule (run 70): MQA q4 / q8 1.06-1.38x on 17 cells, d96 1.04-1.24x, the rest unchanged.
+// on 21 of the 23 cells whose splits kept >= 8 blocks (MQA q4 / q8 b8-b32, d96 GQA b8; 1.00 on
+// the other two), but 0.86-0.98x where they went down to 2-4 blocks from 4-8 (MQA q4 b1 kv32k,
+// q8 b1 kv8k / b8 kv1k, d96 b1 kv8k). With this rule (run 70): MQA q4 / q8 1.06-1.38x on 17
+// cells, d96 1.04-1.24x, the rest unchanged.
 constexpr int kDecodeTileCtasPerSm = 2;
 constexpr int kDecodeTileTwoCtasMaxHeadDim = 128;
 constexpr int kDecodeTileSecondCtaMinBlocks = 8;
@@ -268,7 +269,7 @@ inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_ti
 // MHA b1 kv1k at 0.83-0.97x of the 64-key tile, whose three stages and twice the splits (64-key
 // blocks) keep more loads in flight; the second condition keeps the one-stage tile off steps of
 // at most one CTA per SM. The 32-row tile with 128-key blocks (run 69): 1.01-1.04x of the 64-key
-// one where tiles >= SMs (GQA 32/8 with 8 query tokens, b32 / b128), 0.975-1.006x where it
+// one where tiles >= SMs (GQA 32/8 with 8 query tokens, b32 / b128), 0.975-1.009x where it
 // needed more splits instead (MQA b8-b128 one token, GQA q8 b1 / b8). Shapes only (seqlen_k is
 // the capacity).
 inline void plan_key_blocks(FwdParams& p, int num_sms) {
