@@ -81,6 +81,9 @@ inline bool uses_keysplit_tile(const FwdParams& p) {
 constexpr bool has_keysplit_tile(int kernel_head_dim) {
     return kernel_head_dim == 64 || kernel_head_dim == 128 || kernel_head_dim == 256;
 }
+// Kernel head dims with the 128-key key-split tiles compiled in (sm80::kHasWideKeySplitTile is
+// this; d64's key-split tiles already have 128-key blocks).
+constexpr bool has_wide_keysplit_tile(int kernel_head_dim) { return kernel_head_dim == 128; }
 // Whether the launcher runs the key-split tile for p (else the 64-row decode tile, or the
 // 128-row tile for longer queries).
 inline bool runs_keysplit_tile(const FwdParams& p) {
@@ -190,9 +193,13 @@ struct SplitGeometry {
     int ctas_per_sm;
     int second_cta_min_blocks = 0;
 };
+// The 128-key tile's: 128-key blocks, costs in the 64-row tile's blocks, two CTAs per SM.
+inline SplitGeometry wide_split_geometry(const FwdParams& p) {
+    return {kWideKeyBlock, block_n(p.d_rounded), kWideCtasPerSm};
+}
 inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
-    if (p.wide_key_blocks) return {kWideKeyBlock, bn, kWideCtasPerSm};
+    if (p.wide_key_blocks) return wide_split_geometry(p);
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm};
     if (!runs_keysplit_tile(p) && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
         return {bn, bn, kDecodeTileCtasPerSm, kDecodeTileSecondCtaMinBlocks};
@@ -274,15 +281,17 @@ inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_ti
 // the capacity).
 inline void plan_key_blocks(FwdParams& p, int num_sms) {
     p.wide_key_blocks = false;
-    if (!wide_key_blocks_enabled() || p.d_rounded != 128 || !runs_keysplit_tile(p)) return;
+    if (!wide_key_blocks_enabled() || !has_wide_keysplit_tile(p.d_rounded) ||
+        !runs_keysplit_tile(p)) {
+        return;
+    }
     const int64_t tiles = num_tiles(p);
     if (tiles * most_splits(p.seqlen_k, kWideKeyBlock) <
             static_cast<int64_t>(num_sms) * kWideCtasPerSm ||
         (keysplit_rows(p) > 16 && tiles < num_sms)) {
         return;
     }
-    p.wide_key_blocks = true;
-    const int splits = num_splits(0, tiles, p.seqlen_k, true, split_geometry(p), num_sms);
+    const int splits = num_splits(0, tiles, p.seqlen_k, true, wide_split_geometry(p), num_sms);
     p.wide_key_blocks = tiles * splits > num_sms;
 }
 

@@ -130,8 +130,9 @@ struct FwdParams : public QKVParams {
     // gqa_pack = h / h_k query heads of a KV head share one CTA, tile row r being query position
     // r / gqa_pack of head kv_head * gqa_pack + r % gqa_pack. 0 or 1: off.
     int gqa_pack;
-    // The kvcache op's d128 16-row key-split calls: 128-key blocks, one K/V stage (kernels/decode.h
-    // plan_key_blocks; sm80/decode_keysplit.cuh FwdDecodeKeySplitConfig::TraitsWide).
+    // The kvcache op's d128 key-split calls that take 128-key blocks through one K/V stage
+    // (kernels/decode.h plan_key_blocks; sm80/decode_keysplit.cuh FwdDecodeKeySplitConfig::
+    // TraitsWide for 16 rows, TraitsWide32 for 32).
     bool wide_key_blocks;
 
     // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.

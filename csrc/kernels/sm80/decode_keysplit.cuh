@@ -134,11 +134,11 @@ struct FwdDecodeKeySplitConfig {
     using TraitsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1>;
     using TraitsWide32 = FwdKeySplitTraits<HeadDim, 128, 1, 2>;
 };
-// Head dims with TraitsWide / TraitsWide32 compiled in. At d128 TraitsWide streams 1.1% faster
-// than Traits on the decode steps that take it (geometric mean, bench/NOTES.md run 67); d64
-// already has 128-key blocks.
+// Head dims with TraitsWide / TraitsWide32 compiled in (kernels/decode.h, whose plan_key_blocks
+// chooses them). At d128 TraitsWide streams 1.1% faster than Traits on the decode steps that
+// take it (geometric mean, bench/NOTES.md run 67).
 template <int HeadDim>
-constexpr bool kHasWideKeySplitTile = HeadDim == 128;
+constexpr bool kHasWideKeySplitTile = decode::has_wide_keysplit_tile(HeadDim);
 
 // The 16-row Q tile's A fragments (ldmatrix layout of warp_gemm.cuh), held by each warp of the
 // key-split tile through the key loop (Traits::kQInRegisters); an empty struct for other tiles.
