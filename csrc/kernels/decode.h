@@ -39,6 +39,12 @@ constexpr int kPagedCtasPerSm = 2;
 // the other two), but 0.86-0.98x where they went down to 2-4 blocks from 4-8 (MQA q4 b1 kv32k,
 // q8 b1 kv8k / b8 kv1k, d96 b1 kv8k). With this rule (run 70): MQA q4 / q8 1.06-1.38x on 17
 // cells, d96 1.04-1.24x, the rest unchanged.
+// s12next: paged calls take the same floor for their second CTA per SM (their count halved the
+// splits to 2-4 blocks where contiguous's now keeps 4-8: MQA q4 b1 kv32k page 16 at 0.81x of
+// contiguous, run 72). Run 73 (MQA cells only): 1.07-1.18x on the four paged cells that had been
+// below 0.90x of contiguous; one-token GQA b1 kv8k / MHA b1 kv1k paged not measured yet.
+// FLASH_CUDA_DECODE_PAGED_FLOOR=0 (read once per process) keeps the plain two-CTA count (A/B).
+inline bool paged_floor_enabled();
 constexpr int kDecodeTileCtasPerSm = 2;
 constexpr int kDecodeTileTwoCtasMaxHeadDim = 128;
 constexpr int kDecodeTileSecondCtaMinBlocks = 8;
@@ -63,6 +69,10 @@ constexpr int kKeySplitMaxRows = 32;
 inline bool env_is_zero(const char* name) {
     const char* value = std::getenv(name);
     return value != nullptr && value[0] == '0' && value[1] == '\0';
+}
+inline bool paged_floor_enabled() {
+    static const bool on = !env_is_zero("FLASH_CUDA_DECODE_PAGED_FLOOR");
+    return on;
 }
 inline bool keysplit_enabled() {
     static const bool on = !env_is_zero("FLASH_CUDA_DECODE_KEYSPLIT");
@@ -185,8 +195,8 @@ inline int most_splits(int seqlen_k, int key_block, int min_blocks = kMinBlocksP
 
 // What the split count needs to know of the tile a call runs: its key block, the key block the
 // costs below are counted in (the 64-row decode tile's: block_n), the CTAs per SM that make a
-// full wave, and (second_cta_min_blocks > 0: the 64-row tile's contiguous calls) the fewest key
-// blocks per split that the second CTA per SM may split down to.
+// full wave, and (second_cta_min_blocks > 0: the 64-row tile's contiguous calls, paged calls) the
+// fewest key blocks per split that the second CTA per SM may split down to.
 struct SplitGeometry {
     int key_block;
     int cost_block;
@@ -200,7 +210,9 @@ inline SplitGeometry wide_split_geometry(const FwdParams& p) {
 inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
     if (p.wide_key_blocks) return wide_split_geometry(p);
-    if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm};
+    if (p.block_table != nullptr) {
+        return {bn, bn, kPagedCtasPerSm, paged_floor_enabled() ? kDecodeTileSecondCtaMinBlocks : 0};
+    }
     if (!runs_keysplit_tile(p) && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
         return {bn, bn, kDecodeTileCtasPerSm, kDecodeTileSecondCtaMinBlocks};
     }
