@@ -39,10 +39,14 @@ constexpr int kPagedCtasPerSm = 2;
 // the other two), but 0.86-0.98x where they went down to 2-4 blocks from 4-8 (MQA q4 b1 kv32k,
 // q8 b1 kv8k / b8 kv1k, d96 b1 kv8k). With this rule (run 70): MQA q4 / q8 1.06-1.38x on 17
 // cells, d96 1.04-1.24x, the rest unchanged.
-// s12next: paged calls take the same floor for their second CTA per SM (their count halved the
-// splits to 2-4 blocks where contiguous's now keeps 4-8: MQA q4 b1 kv32k page 16 at 0.81x of
-// contiguous, run 72). Run 73 (MQA cells only): 1.07-1.18x on the four paged cells that had been
-// below 0.90x of contiguous; one-token GQA b1 kv8k / MHA b1 kv1k paged not measured yet.
+// Paged calls (two CTAs per SM counted) take the same floor for their second CTA, except on the
+// 16-row key-split tile (paged_floor_blocks). Without it their count cut the 64-row and 32-row
+// tiles' splits to 2-4 blocks where contiguous's keeps 4-8: MQA q4 b1 kv32k page 16 at 0.81x of
+// contiguous (run 72). With it (runs 73-74, page 16 / 256 over the plain two-CTA count): MQA q4
+// b1 kv32k 1.16 / 1.17, q8 b1 kv8k 1.06 / 1.12, q8 b8 kv1k 1.15 / 1.18, q1 b32 kv1k 1.09 / 1.08,
+// GQA q8 b1 kv8k 1.00 / 1.04, MQA q1 b8 kv8k 0.98-0.99 / 1.05. The 16-row tile's splits are
+// cheap (8 KB of partials at d128, a quarter of a 64-key K/V block), and halving them lost: GQA
+// b1 kv8k and MHA b1 kv1k paged at 0.94-0.98x (run 74, 1 and 4 query tokens).
 // FLASH_CUDA_DECODE_PAGED_FLOOR=0 (read once per process) keeps the plain two-CTA count (A/B).
 inline bool paged_floor_enabled();
 constexpr int kDecodeTileCtasPerSm = 2;
@@ -203,6 +207,12 @@ struct SplitGeometry {
     int ctas_per_sm;
     int second_cta_min_blocks = 0;
 };
+// The second CTA's floor of a paged call (see kPagedCtasPerSm's note): none on the 16-row
+// key-split tile.
+inline int paged_floor_blocks(const FwdParams& p) {
+    const bool sixteen_rows = runs_keysplit_tile(p) && keysplit_rows(p) <= 16;
+    return paged_floor_enabled() && !sixteen_rows ? kDecodeTileSecondCtaMinBlocks : 0;
+}
 // The 128-key tile's: 128-key blocks, costs in the 64-row tile's blocks, two CTAs per SM.
 inline SplitGeometry wide_split_geometry(const FwdParams& p) {
     return {kWideKeyBlock, block_n(p.d_rounded), kWideCtasPerSm};
@@ -210,9 +220,7 @@ inline SplitGeometry wide_split_geometry(const FwdParams& p) {
 inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
     if (p.wide_key_blocks) return wide_split_geometry(p);
-    if (p.block_table != nullptr) {
-        return {bn, bn, kPagedCtasPerSm, paged_floor_enabled() ? kDecodeTileSecondCtaMinBlocks : 0};
-    }
+    if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm, paged_floor_blocks(p)};
     if (!runs_keysplit_tile(p) && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
         return {bn, bn, kDecodeTileCtasPerSm, kDecodeTileSecondCtaMinBlocks};
     }
