@@ -22,12 +22,15 @@ using flash_cuda::FwdParams;
 namespace decode = flash_cuda::decode;
 
 const char* tile_name(const FwdParams& p) {
-    if (decode::runs_keysplit_tile(p)) {
-        const bool rows16 = decode::keysplit_rows(p) <= 16;
-        if (p.wide_key_blocks) return rows16 ? "keysplit16-kv128" : "keysplit32-kv128";
-        return rows16 ? "keysplit16" : "keysplit32";
+    if (!decode::uses_decode_tile(p)) return "128row";
+    switch (decode::decode_tile(p)) {
+        case decode::DecodeTile::kKeySplit16: return "keysplit16";
+        case decode::DecodeTile::kKeySplit16Wide: return "keysplit16-kv128";
+        case decode::DecodeTile::kKeySplit32: return "keysplit32";
+        case decode::DecodeTile::kKeySplit32Wide: return "keysplit32-kv128";
+        case decode::DecodeTile::kDecode64: break;
     }
-    return decode::uses_decode_tile(p) ? "decode64" : "128row";
+    return "decode64";
 }
 
 // flash_api.cpp mha_fwd_kvcache_cuda's host steps for one decode step (no ALiBi, no window).

@@ -104,6 +104,19 @@ inline bool runs_keysplit_tile(const FwdParams& p) {
     return uses_keysplit_tile(p) && has_keysplit_tile(p.d_rounded);
 }
 
+// The decode tile that runs a call on the sm80 path (uses_decode_tile): the key-split tile of 16
+// or 32 rows (keysplit_rows), with 64-key blocks or, where plan_key_blocks set wide_key_blocks,
+// 128-key ones; else the 64-row decode tile. The launcher (sm80/fwd_launch.cuh), the CPU
+// emulator (tests/emulation/fwd_emulated.cpp) and scripts/decode_plan.cpp all dispatch on this.
+enum class DecodeTile { kDecode64, kKeySplit16, kKeySplit16Wide, kKeySplit32, kKeySplit32Wide };
+inline DecodeTile decode_tile(const FwdParams& p) {
+    if (!runs_keysplit_tile(p)) return DecodeTile::kDecode64;
+    if (keysplit_rows(p) <= 16) {
+        return p.wide_key_blocks ? DecodeTile::kKeySplit16Wide : DecodeTile::kKeySplit16;
+    }
+    return p.wide_key_blocks ? DecodeTile::kKeySplit32Wide : DecodeTile::kKeySplit32;
+}
+
 // The kvcache op's key-split calls at d128 (16-row tiles; 32-row ones where there are as many
 // tiles as SMs: plan_key_blocks) take 128-key blocks through one K/V stage
 // (sm80/decode_keysplit.cuh FwdDecodeKeySplitConfig::TraitsWide / TraitsWide32): one barrier

@@ -143,34 +143,36 @@ void run(FwdParams& params) {
     if (run_sm90<Element, Causal>(params)) return;
     if (params.seqlen_q <= FwdDecodeConfig<EMU_HEAD_DIM>::kBlockM || params.block_table != nullptr ||
         params.gqa_pack > 1) {
-        // The key-split tile (unless FLASH_CUDA_DECODE_KEYSPLIT=0, as the launcher).
+        // The key-split tile (unless FLASH_CUDA_DECODE_KEYSPLIT=0): decode.h decode_tile, as
+        // the launcher.
         if constexpr (kHasKeySplitTile<EMU_HEAD_DIM>) {
-            if (flash_cuda::decode::uses_keysplit_tile(params)) {
-                using Config = FwdDecodeKeySplitConfig<EMU_HEAD_DIM>;
-                if (flash_cuda::decode::keysplit_rows(params) <= 16) {
-                    if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
-                        if (params.wide_key_blocks) {
-                            std::printf("emulator: key-split decode tile, 16 rows, 128-key "
-                                        "blocks\n");
-                            run_traits<Element, typename Config::TraitsWide, Causal>(params);
-                            return;
-                        }
-                    }
+            using Config = FwdDecodeKeySplitConfig<EMU_HEAD_DIM>;
+            using flash_cuda::decode::DecodeTile;
+            switch (flash_cuda::decode::decode_tile(params)) {
+                case DecodeTile::kKeySplit16:
                     std::printf("emulator: key-split decode tile, 16 rows\n");
                     run_traits<Element, typename Config::Traits, Causal>(params);
-                } else {
-                    if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
-                        if (params.wide_key_blocks) {
-                            std::printf("emulator: key-split decode tile, 32 rows, 128-key "
-                                        "blocks\n");
-                            run_traits<Element, typename Config::TraitsWide32, Causal>(params);
-                            return;
-                        }
-                    }
+                    return;
+                case DecodeTile::kKeySplit32:
                     std::printf("emulator: key-split decode tile, 32 rows\n");
                     run_traits<Element, typename Config::Traits32, Causal>(params);
-                }
-                return;
+                    return;
+                case DecodeTile::kKeySplit16Wide:
+                    if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
+                        std::printf("emulator: key-split decode tile, 16 rows, 128-key blocks\n");
+                        run_traits<Element, typename Config::TraitsWide, Causal>(params);
+                        return;
+                    }
+                    break;
+                case DecodeTile::kKeySplit32Wide:
+                    if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
+                        std::printf("emulator: key-split decode tile, 32 rows, 128-key blocks\n");
+                        run_traits<Element, typename Config::TraitsWide32, Causal>(params);
+                        return;
+                    }
+                    break;
+                case DecodeTile::kDecode64:
+                    break;
             }
         }
         run_traits<Element, typename FwdDecodeConfig<EMU_HEAD_DIM>::Traits, Causal>(params);

@@ -144,35 +144,36 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
         using Decode = typename sm80::FwdDecodeConfig<HeadDim>::Traits;
         // Key-split tile (decode_keysplit.cuh; off with FLASH_CUDA_DECODE_KEYSPLIT=0) for tiles
         // of at most 16 rows (4 key slices) or 32 rows (2 x 2); dropout stays on the 64-row tile.
+        // decode.h decode_tile says which (it returns the key-split tiles only for head dims
+        // that have them: kHasKeySplitTile, kHasWideKeySplitTile).
         if constexpr (sm80::kHasKeySplitTile<HeadDim>) {
-            if (decode::uses_keysplit_tile(params)) {
-                using KeySplitConfig = sm80::FwdDecodeKeySplitConfig<HeadDim>;
-                if (decode::keysplit_rows(params) <= 16) {
+            using Config = sm80::FwdDecodeKeySplitConfig<HeadDim>;
+            // Every variant (plain, ALiBi, softcap) on the key-split tile T; dropout's on Decode.
+            auto launch = [&](auto tile) {
+                using T = typename decltype(tile)::type;
+                sm80::launch_fwd<Element, T, T, T, Decode, Causal>(params, stream);
+            };
+            switch (decode::decode_tile(params)) {
+                case decode::DecodeTile::kKeySplit16:
+                    launch(std::type_identity<typename Config::Traits>{});
+                    return;
+                case decode::DecodeTile::kKeySplit32:
+                    launch(std::type_identity<typename Config::Traits32>{});
+                    return;
+                case decode::DecodeTile::kKeySplit16Wide:
                     if constexpr (sm80::kHasWideKeySplitTile<HeadDim>) {
-                        if (params.wide_key_blocks) {  // decode.h plan_key_blocks
-                            using Wide = typename KeySplitConfig::TraitsWide;
-                            sm80::launch_fwd<Element, Wide, Wide, Wide, Decode, Causal>(params,
-                                                                                        stream);
-                            return;
-                        }
+                        launch(std::type_identity<typename Config::TraitsWide>{});
+                        return;
                     }
-                    using KeySplit = typename KeySplitConfig::Traits;
-                    sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(
-                        params, stream);
-                } else {
+                    break;
+                case decode::DecodeTile::kKeySplit32Wide:
                     if constexpr (sm80::kHasWideKeySplitTile<HeadDim>) {
-                        if (params.wide_key_blocks) {
-                            using Wide = typename KeySplitConfig::TraitsWide32;
-                            sm80::launch_fwd<Element, Wide, Wide, Wide, Decode, Causal>(params,
-                                                                                        stream);
-                            return;
-                        }
+                        launch(std::type_identity<typename Config::TraitsWide32>{});
+                        return;
                     }
-                    using KeySplit = typename KeySplitConfig::Traits32;
-                    sm80::launch_fwd<Element, KeySplit, KeySplit, KeySplit, Decode, Causal>(
-                        params, stream);
-                }
-                return;
+                    break;
+                case decode::DecodeTile::kDecode64:
+                    break;
             }
         }
         sm80::launch_fwd<Element, Decode, Decode, Decode, Decode, Causal>(params, stream);
