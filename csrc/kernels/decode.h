@@ -48,7 +48,6 @@ constexpr int kPagedCtasPerSm = 2;
 // cheap (8 KB of partials at d128, a quarter of a 64-key K/V block), and halving them lost: GQA
 // b1 kv8k and MHA b1 kv1k paged at 0.94-0.98x (run 74, 1 and 4 query tokens).
 // FLASH_CUDA_DECODE_PAGED_FLOOR=0 (read once per process) keeps the plain two-CTA count (A/B).
-inline bool paged_floor_enabled();
 constexpr int kDecodeTileCtasPerSm = 2;
 constexpr int kDecodeTileTwoCtasMaxHeadDim = 128;
 constexpr int kDecodeTileSecondCtaMinBlocks = 8;
@@ -220,8 +219,8 @@ struct SplitGeometry {
     int ctas_per_sm;
     int second_cta_min_blocks = 0;
 };
-// The second CTA's floor of a paged call (see kPagedCtasPerSm's note): none on the 16-row
-// key-split tile.
+// The second CTA's floor of a paged call (see the note above kDecodeTileCtasPerSm): none on the
+// 16-row key-split tile.
 inline int paged_floor_blocks(const FwdParams& p) {
     const bool sixteen_rows = runs_keysplit_tile(p) && keysplit_rows(p) <= 16;
     return paged_floor_enabled() && !sixteen_rows ? kDecodeTileSecondCtaMinBlocks : 0;
