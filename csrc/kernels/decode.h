@@ -222,7 +222,7 @@ struct SplitGeometry {
 // The second CTA's floor of a paged call (see the note above kDecodeTileCtasPerSm): none on the
 // 16-row key-split tile.
 inline int paged_floor_blocks(const FwdParams& p) {
-    const bool sixteen_rows = runs_keysplit_tile(p) && keysplit_rows(p) <= 16;
+    const bool sixteen_rows = decode_tile(p) == DecodeTile::kKeySplit16;
     return paged_floor_enabled() && !sixteen_rows ? kDecodeTileSecondCtaMinBlocks : 0;
 }
 // The 128-key tile's: 128-key blocks, costs in the 64-row tile's blocks, two CTAs per SM.
@@ -233,7 +233,7 @@ inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
     if (p.wide_key_blocks) return wide_split_geometry(p);
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm, paged_floor_blocks(p)};
-    if (!runs_keysplit_tile(p) && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
+    if (decode_tile(p) == DecodeTile::kDecode64 && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
         return {bn, bn, kDecodeTileCtasPerSm, kDecodeTileSecondCtaMinBlocks};
     }
     return {bn, bn, 1};

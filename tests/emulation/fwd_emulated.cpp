@@ -148,26 +148,29 @@ void run(FwdParams& params) {
         if constexpr (kHasKeySplitTile<EMU_HEAD_DIM>) {
             using Config = FwdDecodeKeySplitConfig<EMU_HEAD_DIM>;
             using flash_cuda::decode::DecodeTile;
+            using std::type_identity;
+            auto run_tile = [&](const char* what, auto tile) {
+                std::printf("emulator: key-split decode tile, %s\n", what);
+                run_traits<Element, typename decltype(tile)::type, Causal>(params);
+            };
             switch (flash_cuda::decode::decode_tile(params)) {
                 case DecodeTile::kKeySplit16:
-                    std::printf("emulator: key-split decode tile, 16 rows\n");
-                    run_traits<Element, typename Config::Traits, Causal>(params);
+                    run_tile("16 rows", type_identity<typename Config::Traits>{});
                     return;
                 case DecodeTile::kKeySplit32:
-                    std::printf("emulator: key-split decode tile, 32 rows\n");
-                    run_traits<Element, typename Config::Traits32, Causal>(params);
+                    run_tile("32 rows", type_identity<typename Config::Traits32>{});
                     return;
                 case DecodeTile::kKeySplit16Wide:
                     if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
-                        std::printf("emulator: key-split decode tile, 16 rows, 128-key blocks\n");
-                        run_traits<Element, typename Config::TraitsWide, Causal>(params);
+                        run_tile("16 rows, 128-key blocks",
+                                 type_identity<typename Config::TraitsWide>{});
                         return;
                     }
                     break;
                 case DecodeTile::kKeySplit32Wide:
                     if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
-                        std::printf("emulator: key-split decode tile, 32 rows, 128-key blocks\n");
-                        run_traits<Element, typename Config::TraitsWide32, Causal>(params);
+                        run_tile("32 rows, 128-key blocks",
+                                 type_identity<typename Config::TraitsWide32>{});
                         return;
                     }
                     break;
