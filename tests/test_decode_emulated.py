@@ -165,6 +165,45 @@ def wide_qualifies(case, num_sms):
     return tiles * heuristic_splits(tiles, seqlen_k, 128, 2, num_sms) > num_sms
 
 
+def is_contiguous_plain(case):
+    """Whether a key-split case runs the tile's kernel without the paged path (kernels/decode.h
+    contiguous_keysplit: no block table; the launcher uses it for the plain variant only)."""
+    extra = case[-1]
+    return case[8] is None and "softcap" not in extra and not extra.get("alibi")
+
+
+# Contiguous plain key-split cases: 16 and 32 rows, split and not, three head dims.
+CONTIG_CASES = [c for c in KEYSPLIT_CASES if keysplit_qualifies(c) and is_contiguous_plain(c)]
+
+
+@pytest.mark.parametrize("case", CONTIG_CASES, ids=lambda c: c[0])
+def test_contiguous_keysplit_same_bits(case):
+    """The key-split tile's kernel without the paged path (FLASH_CUDA_DECODE_CONTIG, on by
+    default) writes the same bits as the paged-capable kernel on calls without a block table."""
+    name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
+    gen = torch.Generator().manual_seed(hash(name) % 2**31)
+    k_store, v_store, _, _, _ = make_cache(extra.get("cache_batch", b), capacity, hk, d, dtype,
+                                           None, gen)
+    q = torch.randn(b, sq, h, d, generator=gen).to(dtype)
+    opts = {"causal": True} if extra.get("causal") else {}
+    if "window" in extra:
+        opts["window"] = extra["window"]
+    runs = []
+    for contig in (True, False):
+        runs.append(run_fwd_emulated(
+            q, k_store, v_store, seqused_k=torch.tensor(seqused, dtype=torch.int32),
+            cache_batch_idx=(None if extra.get("batch_idx") is None
+                             else torch.tensor(extra["batch_idx"], dtype=torch.int32)),
+            cache_leftpad=(None if extra.get("leftpad") is None
+                           else torch.tensor(extra["leftpad"], dtype=torch.int32)),
+            num_splits=extra.get("num_splits", 1), pack_gqa=extra.get("pack_gqa", False),
+            keysplit=True, kvcache_op=True, contig=contig, **opts))
+        assert ("no paged path" in driver.LAST_STDOUT) == contig, driver.LAST_STDOUT
+    (out_c, lse_c), (out_p, lse_p) = runs
+    assert torch.equal(out_c.view(torch.int16), out_p.view(torch.int16))
+    assert torch.equal(lse_c, lse_p)
+
+
 # tile: "decode64" = the 64-row decode tile (FLASH_CUDA_DECODE_KEYSPLIT=0); "keysplit" = the
 # key-split tiles as the host picks them for a 1-SM device, where most d128 key-split tiles take
 # the 128-key blocks; "keysplit-132sms": as the host picks them on the H200 (these small
@@ -212,6 +251,8 @@ def test_decode_emulated(case, tile, monkeypatch):
     assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
     wide = tile in ("keysplit", "keysplit-132sms") and wide_qualifies(case, num_sms)
     assert ("128-key blocks" in driver.LAST_STDOUT) == wide, driver.LAST_STDOUT
+    contiguous = keysplit and is_contiguous_plain(case)
+    assert ("no paged path" in driver.LAST_STDOUT) == contiguous, driver.LAST_STDOUT
     for i in range(b):
         row = batch_idx[i] if batch_idx is not None else i
         lp = leftpad[i] if leftpad is not None else 0

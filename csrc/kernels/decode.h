@@ -103,6 +103,15 @@ inline bool runs_keysplit_tile(const FwdParams& p) {
     return uses_keysplit_tile(p) && has_keysplit_tile(p.d_rounded);
 }
 
+// Calls without a block table run the key-split tile's plain variant (no ALiBi, no softcap) as a
+// kernel without the paged copy path (sm80/decode_keysplit.cuh FwdDecodeKeySplitConfig<D,
+// false>); FLASH_CUDA_DECODE_CONTIG=0 (read once per process) keeps them on the paged-capable
+// kernel (A/B runs). Same tile geometry, so the split count does not depend on it.
+inline bool contiguous_keysplit(const FwdParams& p) {
+    static const bool on = !env_is_zero("FLASH_CUDA_DECODE_CONTIG");
+    return on && p.block_table == nullptr;
+}
+
 // The decode tile that runs a call on the sm80 path (uses_decode_tile): the key-split tile of 16
 // or 32 rows (keysplit_rows), with 64-key blocks or, where plan_key_blocks set wide_key_blocks,
 // 128-key ones; else the 64-row decode tile. The launcher (sm80/fwd_launch.cuh), the CPU

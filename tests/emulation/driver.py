@@ -86,7 +86,7 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
                      max_seqlen_k=None, seqused_k=None, block_table=None, cache_batch_idx=None,
                      cache_leftpad=None, num_splits=1, pack_gqa=False, dropout_p=0.0,
                      rng_state=None, philox_on_device=False, return_rng_state=False, timeout=1800,
-                     keysplit=None, sm90=False, kvcache_op=False, num_sms=132):
+                     keysplit=None, sm90=False, kvcache_op=False, num_sms=132, contig=None):
     """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd.
 
     KV cache / decode extras (the kernel part of fwd_kvcache; no append): block_table (k, v
@@ -103,7 +103,9 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     prints "sm90 forward" when it ran). The emulator's stdout (which says which tile ran) is kept
     in LAST_STDOUT. kvcache_op: the kvcache op's host choice of the 128-key tile for d128 16-row
     tiles (kernels/decode.h plan_key_blocks; flash_attn_func's calls do not make it). num_sms: the
-    SM count the host's split count and tile choice assume."""
+    SM count the host's split count and tile choice assume. contig: True / False set
+    FLASH_CUDA_DECODE_CONTIG=1 / 0 (the key-split tile's plain calls without a block table on its
+    kernel without the paged path; the emulator then prints "no paged path"), None leaves it."""
     global LAST_STDOUT
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
@@ -172,6 +174,8 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
         env = dict(os.environ, EMU_SM90={False: "0", True: "1", "pingpong": "pingpong"}[sm90])
         if keysplit is not None:
             env["FLASH_CUDA_DECODE_KEYSPLIT"] = "1" if keysplit else "0"
+        if contig is not None:
+            env["FLASH_CUDA_DECODE_CONTIG"] = "1" if contig else "0"
         run = subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout,
                              env=env, stdout=subprocess.PIPE, text=True)
         LAST_STDOUT = run.stdout

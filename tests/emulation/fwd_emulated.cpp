@@ -147,30 +147,45 @@ void run(FwdParams& params) {
         // the launcher.
         if constexpr (kHasKeySplitTile<EMU_HEAD_DIM>) {
             using Config = FwdDecodeKeySplitConfig<EMU_HEAD_DIM>;
+            using Contig = FwdDecodeKeySplitConfig<EMU_HEAD_DIM, false>;
             using flash_cuda::decode::DecodeTile;
             using std::type_identity;
-            auto run_tile = [&](const char* what, auto tile) {
-                std::printf("emulator: key-split decode tile, %s\n", what);
-                run_traits<Element, typename decltype(tile)::type, Causal>(params);
+            // As the launcher: the plain variant of a call without a block table on the tile's
+            // twin without the paged path (decode.h contiguous_keysplit).
+            const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);
+            const bool contiguous = flash_cuda::decode::contiguous_keysplit(params) &&
+                                    !bias.alibi && !bias.softcap;
+            auto run_tile = [&](const char* what, auto tile, auto plain) {
+                std::printf("emulator: key-split decode tile, %s%s\n", what,
+                            contiguous ? ", no paged path" : "");
+                if (contiguous) {
+                    run_traits<Element, typename decltype(plain)::type, Causal>(params);
+                } else {
+                    run_traits<Element, typename decltype(tile)::type, Causal>(params);
+                }
             };
             switch (flash_cuda::decode::decode_tile(params)) {
                 case DecodeTile::kKeySplit16:
-                    run_tile("16 rows", type_identity<typename Config::Traits>{});
+                    run_tile("16 rows", type_identity<typename Config::Traits>{},
+                             type_identity<typename Contig::Traits>{});
                     return;
                 case DecodeTile::kKeySplit32:
-                    run_tile("32 rows", type_identity<typename Config::Traits32>{});
+                    run_tile("32 rows", type_identity<typename Config::Traits32>{},
+                             type_identity<typename Contig::Traits32>{});
                     return;
                 case DecodeTile::kKeySplit16Wide:
                     if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
                         run_tile("16 rows, 128-key blocks",
-                                 type_identity<typename Config::TraitsWide>{});
+                                 type_identity<typename Config::TraitsWide>{},
+                                 type_identity<typename Contig::TraitsWide>{});
                         return;
                     }
                     break;
                 case DecodeTile::kKeySplit32Wide:
                     if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
                         run_tile("32 rows, 128-key blocks",
-                                 type_identity<typename Config::TraitsWide32>{});
+                                 type_identity<typename Config::TraitsWide32>{},
+                                 type_identity<typename Contig::TraitsWide32>{});
                         return;
                     }
                     break;

@@ -39,7 +39,8 @@
 namespace flash_cuda {
 namespace sm80 {
 
-template <int HeadDim, int BlockN, int Stages, int RowSlices = 1>
+// PagedKV = false: the kernel for calls without a block table (no paged copy path compiled in).
+template <int HeadDim, int BlockN, int Stages, int RowSlices = 1, bool PagedKV = true>
 struct FwdKeySplitTraits {
     static constexpr int kHeadDim = HeadDim;
     static constexpr int kRowSlices = RowSlices;  // 16-row slices: 1, or 2 (MQA-like 17..32 rows)
@@ -50,7 +51,7 @@ struct FwdKeySplitTraits {
     static constexpr int kNThreads = kNWarps * 32;
     static constexpr int kStages = Stages;
     static constexpr bool kSplitKV = true;
-    static constexpr bool kPagedKV = true;
+    static constexpr bool kPagedKV = PagedKV;
     static constexpr bool kPackGQA = true;
     static constexpr bool kSkipIdleWarps = false;  // every warp has keys to work on
     static constexpr bool kKeySplit = true;
@@ -119,20 +120,26 @@ constexpr bool kHasKeySplitTile = decode::has_keysplit_tile(HeadDim);
 
 // Same key blocks and stages as the 64-row decode tile (FwdDecodeTraits). Traits: 16 rows, the 4
 // warps split each key block 4 ways; Traits32: 32 rows (MQA 32/1 decode, 17..32 packed rows),
-// 2 row slices x 2 key slices.
-template <int HeadDim>
+// 2 row slices x 2 key slices. PagedKV = false: the same tiles without the paged copy path, which
+// the launcher runs for the plain variant (no ALiBi, no softcap) of calls without a block table
+// (kernels/decode.h contiguous_keysplit). Every K/V copy site of the paged-capable kernel has its
+// paged twin next to it, which scatters the hot code of a short decode CTA: at d128 the 16-row
+// kernel has 4992 SASS instructions with the paged path and 3768 without (bench/NOTES.md run 78:
+// 38% of its stall samples wait for instruction fetch; cuDNN's decode kernel has 1792).
+template <int HeadDim, bool PagedKV = true>
 struct FwdDecodeKeySplitConfig {
-    using Traits = FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim), 1>;
+    using Traits =
+        FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim), 1, PagedKV>;
     using Traits32 =
-        FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim), 2>;
+        FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim), 2, PagedKV>;
     // The kvcache op's calls at the head dims of kHasWideKeySplitTile where kernels/decode.h
     // plan_key_blocks takes them: 128-key blocks through one K/V stage, one barrier pair and one
     // online-softmax step per 128 keys instead of per 64. TraitsWide: 16 rows, each warp 32 keys
     // of a block (68 KB of shared memory; 214 registers at d128, so two CTAs per SM).
     // TraitsWide32: 32 rows (MQA, GQA with several query tokens), 2 row slices x 2 key slices
     // of 64 keys (72 KB; 217-225 registers).
-    using TraitsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1>;
-    using TraitsWide32 = FwdKeySplitTraits<HeadDim, 128, 1, 2>;
+    using TraitsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1, PagedKV>;
+    using TraitsWide32 = FwdKeySplitTraits<HeadDim, 128, 1, 2, PagedKV>;
 };
 // Head dims with TraitsWide / TraitsWide32 compiled in (kernels/decode.h, whose plan_key_blocks
 // chooses them). At d128 TraitsWide streams 1.1% faster than Traits on the decode steps that

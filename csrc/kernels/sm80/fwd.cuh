@@ -293,9 +293,9 @@ __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t s
     // paged call there): next to the 128-row tile's main loop at d = 128 the gather path costs
     // a few spilled registers.
     // A whole tile (every block but a sequence's last, at head dim = tile width) needs no
-    // bounds per chunk: decode kernels only (Traits::kPagedKV), where a copy's instructions
+    // bounds per chunk: decode kernels only (Traits::kSplitKV), where a copy's instructions
     // count at one CTA per SM (bench/NOTES.md run 53).
-    const bool whole_tile = Traits::kPagedKV && valid_rows >= Traits::kBlockN &&
+    const bool whole_tile = Traits::kSplitKV && valid_rows >= Traits::kBlockN &&
                             params.d == Traits::kHeadDim;
     if (!Traits::kPagedKV || !paged) {
         const Element* tile = seq + static_cast<int64_t>(n_block) * Traits::kBlockN * row_stride;

@@ -148,27 +148,41 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
         // that have them: kHasKeySplitTile, kHasWideKeySplitTile).
         if constexpr (sm80::kHasKeySplitTile<HeadDim>) {
             using Config = sm80::FwdDecodeKeySplitConfig<HeadDim>;
-            // Every variant (plain, ALiBi, softcap) on the key-split tile T; dropout's on Decode.
-            auto launch = [&](auto tile) {
+            using Contig = sm80::FwdDecodeKeySplitConfig<HeadDim, false>;  // no paged path
+            // Every variant (ALiBi, softcap) on the key-split tile T, the plain one on P (T's
+            // twin without the paged path where decode.h contiguous_keysplit says so, else T);
+            // dropout's on Decode.
+            const bool contiguous = decode::contiguous_keysplit(params);
+            auto launch = [&](auto tile, auto plain) {
                 using T = typename decltype(tile)::type;
-                sm80::launch_fwd<Element, T, T, T, Decode, Causal>(params, stream);
+                using P = typename decltype(plain)::type;
+                if (contiguous) {
+                    sm80::launch_fwd<Element, P, T, T, Decode, Causal>(params, stream);
+                } else {
+                    sm80::launch_fwd<Element, T, T, T, Decode, Causal>(params, stream);
+                }
             };
+            using std::type_identity;
             switch (decode::decode_tile(params)) {
                 case decode::DecodeTile::kKeySplit16:
-                    launch(std::type_identity<typename Config::Traits>{});
+                    launch(type_identity<typename Config::Traits>{},
+                           type_identity<typename Contig::Traits>{});
                     return;
                 case decode::DecodeTile::kKeySplit32:
-                    launch(std::type_identity<typename Config::Traits32>{});
+                    launch(type_identity<typename Config::Traits32>{},
+                           type_identity<typename Contig::Traits32>{});
                     return;
                 case decode::DecodeTile::kKeySplit16Wide:
                     if constexpr (sm80::kHasWideKeySplitTile<HeadDim>) {
-                        launch(std::type_identity<typename Config::TraitsWide>{});
+                        launch(type_identity<typename Config::TraitsWide>{},
+                               type_identity<typename Contig::TraitsWide>{});
                         return;
                     }
                     break;
                 case decode::DecodeTile::kKeySplit32Wide:
                     if constexpr (sm80::kHasWideKeySplitTile<HeadDim>) {
-                        launch(std::type_identity<typename Config::TraitsWide32>{});
+                        launch(type_identity<typename Config::TraitsWide32>{},
+                               type_identity<typename Contig::TraitsWide32>{});
                         return;
                     }
                     break;
