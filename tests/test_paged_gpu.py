@@ -9,6 +9,7 @@ append. Rotary is the append kernel's part and is not covered here.
 """
 
 import itertools
+import os
 import random
 import re
 import zlib
@@ -187,10 +188,31 @@ WIDE_TILE_CASES = [
     ((136, 1000, 0, 128, 32, "paged16", "causal", 0), 32),
     ((136, 1000, 1, 128, 32, "batch_idx", "softcap", 0), 32),
 ]
-# The 128-key key-split tile's traits in a kernel name (FwdKeySplitTraits<HeadDim, BlockN, Stages,
-# RowSlices>), demangled or mangled; group: the row slices (1: 16 rows, 2: 32).
-_WIDE_TILE = re.compile(r"FwdKeySplitTraits<128, 128, 1, (\d)>|"
-                        r"FwdKeySplitTraitsILi128ELi128ELi1ELi(\d)E")
+# A key-split kernel's traits in its name (FwdKeySplitTraits<HeadDim, BlockN, Stages, RowSlices,
+# PagedKV>), demangled or mangled: (block_n, row slices (1: 16 rows, 2: 32), PagedKV as 0 / 1).
+_KEYSPLIT_TILE = re.compile(r"FwdKeySplitTraits<\d+, (\d+), \d, (\d), (true|false)>|"
+                            r"FwdKeySplitTraitsILi\d+ELi(\d+)ELi\dELi(\d)ELb([01])E")
+
+
+def keysplit_runs(prof):
+    """{(block_n, row slices, paged-capable)} of the key-split kernels a profile shows."""
+    runs = set()
+    for e in prof.events():
+        m = _KEYSPLIT_TILE.search(e.name)
+        if m:
+            g = m.groups()
+            n, slices, paged = (g[0], g[1], g[2]) if g[0] is not None else (g[3], g[4], g[5])
+            runs.add((int(n), int(slices), paged in ("true", "1")))
+    return runs
+
+
+def expects_paged_kernel(case):
+    """Whether a key-split step runs the paged-capable kernel: with a block table, ALiBi or
+    softcap, or FLASH_CUDA_DECODE_CONTIG=0; else its twin without the paged path (decode.h
+    contiguous_keysplit)."""
+    _, _, _, _, _, layout, feature, _ = case
+    return (layout.startswith("paged") or feature in ("softcap", "alibi") or
+            os.environ.get("FLASH_CUDA_DECODE_CONTIG") == "0")
 
 
 @needs_cuda
@@ -201,7 +223,8 @@ _WIDE_TILE = re.compile(r"FwdKeySplitTraits<128, 128, 1, (\d)>|"
                          ids=lambda c: case_id(c) if isinstance(c, tuple) else f"rows{c}")
 def test_kvcache_128key_tile(case, rows):
     """Steps that take the 128-key key-split tile (FwdDecodeKeySplitConfig::TraitsWide /
-    TraitsWide32): checked like the grid, and the profiler must show that tile's kernel."""
+    TraitsWide32): checked like the grid, and the profiler must show that tile's kernel (the
+    paged-capable one or its twin without the paged path, as expects_paged_kernel says)."""
     from torch.profiler import ProfilerActivity, profile
 
     if 128 not in built_head_dims():
@@ -210,9 +233,37 @@ def test_kvcache_128key_tile(case, rows):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run_case(case, dtype)
         torch.cuda.synchronize()
-    slices = {m.group(1) or m.group(2) for e in prof.events() for m in [_WIDE_TILE.search(e.name)]
-              if m}
-    assert slices == {str(rows // 16)}, f"128-key tile runs: {slices or 'none'}"
+    runs = keysplit_runs(prof)
+    assert runs == {(128, rows // 16, expects_paged_kernel(case))}, f"key-split runs: {runs}"
+
+
+# 64-key key-split steps (short caches of few heads: decode.h plan_key_blocks keeps them off the
+# 128-key tile), every layout: contiguous plain calls run the kernel without the paged path.
+KEYSPLIT64_CASES = [
+    ((1, 1000, 1, 128, 4, "contiguous", "plain", 0), 16),
+    ((1, 1000, 0, 128, 4, "leftpad", "causal", 3), 16),
+    ((1, 1000, 1, 128, 4, "paged16", "plain", 0), 16),
+    ((1, 1000, 1, 128, 4, "contiguous", "softcap", 0), 16),
+    ((1, 1000, 1, 128, 32, "batch_idx", "window", 0), 32),
+    ((1, 1000, 1, 128, 32, "paged256", "plain", 0), 32),
+]
+
+
+@needs_cuda
+@pytest.mark.parametrize("case,rows", KEYSPLIT64_CASES,
+                         ids=lambda c: case_id(c) if isinstance(c, tuple) else f"rows{c}")
+def test_kvcache_keysplit_kernel(case, rows):
+    """The 64-key key-split steps run the paged-capable kernel or its twin without the paged
+    path as expects_paged_kernel says, and are checked like the grid."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if 128 not in built_head_dims():
+        pytest.skip("head dim 128 not built (FLASH_CUDA_HEADDIMS)")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_case(case, torch.bfloat16)
+        torch.cuda.synchronize()
+    runs = keysplit_runs(prof)
+    assert runs == {(64, rows // 16, expects_paged_kernel(case))}, f"key-split runs: {runs}"
 
 
 @needs_cuda
