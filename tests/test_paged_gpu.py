@@ -215,6 +215,21 @@ def expects_paged_kernel(case):
             os.environ.get("FLASH_CUDA_DECODE_CONTIG") == "0")
 
 
+def check_keysplit_kernel(case, dtype, *, block_n, rows):
+    """Runs a d128 grid case (checked like the grid) under the profiler, which must show exactly
+    one key-split kernel: block_n-key blocks, rows // 16 row slices, and the paged-capable one or
+    its twin without the paged path as expects_paged_kernel says."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if 128 not in built_head_dims():
+        pytest.skip("head dim 128 not built (FLASH_CUDA_HEADDIMS)")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_case(case, dtype)
+        torch.cuda.synchronize()
+    runs = keysplit_runs(prof)
+    assert runs == {(block_n, rows // 16, expects_paged_kernel(case))}, f"key-split runs: {runs}"
+
+
 @needs_cuda
 @pytest.mark.skipif(torch.cuda.is_available() and
                     torch.cuda.get_device_properties(0).multi_processor_count > 135,
@@ -225,16 +240,8 @@ def test_kvcache_128key_tile(case, rows):
     """Steps that take the 128-key key-split tile (FwdDecodeKeySplitConfig::TraitsWide /
     TraitsWide32): checked like the grid, and the profiler must show that tile's kernel (the
     paged-capable one or its twin without the paged path, as expects_paged_kernel says)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    if 128 not in built_head_dims():
-        pytest.skip("head dim 128 not built (FLASH_CUDA_HEADDIMS)")
     dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_case(case, dtype)
-        torch.cuda.synchronize()
-    runs = keysplit_runs(prof)
-    assert runs == {(128, rows // 16, expects_paged_kernel(case))}, f"key-split runs: {runs}"
+    check_keysplit_kernel(case, dtype, block_n=128, rows=rows)
 
 
 # 64-key key-split steps (short caches of few heads: decode.h plan_key_blocks keeps them off the
@@ -255,15 +262,7 @@ KEYSPLIT64_CASES = [
 def test_kvcache_keysplit_kernel(case, rows):
     """The 64-key key-split steps run the paged-capable kernel or its twin without the paged
     path as expects_paged_kernel says, and are checked like the grid."""
-    from torch.profiler import ProfilerActivity, profile
-
-    if 128 not in built_head_dims():
-        pytest.skip("head dim 128 not built (FLASH_CUDA_HEADDIMS)")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_case(case, torch.bfloat16)
-        torch.cuda.synchronize()
-    runs = keysplit_runs(prof)
-    assert runs == {(64, rows // 16, expects_paged_kernel(case))}, f"key-split runs: {runs}"
+    check_keysplit_kernel(case, torch.bfloat16, block_n=64, rows=rows)
 
 
 @needs_cuda

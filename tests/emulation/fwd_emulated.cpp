@@ -143,19 +143,14 @@ void run(FwdParams& params) {
     if (run_sm90<Element, Causal>(params)) return;
     if (params.seqlen_q <= FwdDecodeConfig<EMU_HEAD_DIM>::kBlockM || params.block_table != nullptr ||
         params.gqa_pack > 1) {
-        // The key-split tile (unless FLASH_CUDA_DECODE_KEYSPLIT=0): decode.h decode_tile, as
-        // the launcher.
-        if constexpr (kHasKeySplitTile<EMU_HEAD_DIM>) {
-            using Config = FwdDecodeKeySplitConfig<EMU_HEAD_DIM>;
-            using Contig = FwdDecodeKeySplitConfig<EMU_HEAD_DIM, false>;
-            using flash_cuda::decode::DecodeTile;
-            using std::type_identity;
-            // As the launcher: the plain variant of a call without a block table on the tile's
-            // twin without the paged path (decode.h contiguous_keysplit).
-            const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);
-            const bool contiguous = flash_cuda::decode::contiguous_keysplit(params) &&
-                                    !bias.alibi && !bias.softcap;
-            auto run_tile = [&](const char* what, auto tile, auto plain) {
+        // The key-split tile (unless FLASH_CUDA_DECODE_KEYSPLIT=0): decode.h decode_tile and
+        // with_keysplit_traits, as the launcher; the plain variant of a call without a block
+        // table on the tile's twin without the paged path (decode.h contiguous_keysplit).
+        const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);
+        const bool contiguous =
+            flash_cuda::decode::contiguous_keysplit(params) && !bias.alibi && !bias.softcap;
+        const bool keysplit = with_keysplit_traits<EMU_HEAD_DIM>(
+            flash_cuda::decode::decode_tile(params), [&](const char* what, auto tile, auto plain) {
                 std::printf("emulator: key-split decode tile, %s%s\n", what,
                             contiguous ? ", no paged path" : "");
                 if (contiguous) {
@@ -163,36 +158,8 @@ void run(FwdParams& params) {
                 } else {
                     run_traits<Element, typename decltype(tile)::type, Causal>(params);
                 }
-            };
-            switch (flash_cuda::decode::decode_tile(params)) {
-                case DecodeTile::kKeySplit16:
-                    run_tile("16 rows", type_identity<typename Config::Traits>{},
-                             type_identity<typename Contig::Traits>{});
-                    return;
-                case DecodeTile::kKeySplit32:
-                    run_tile("32 rows", type_identity<typename Config::Traits32>{},
-                             type_identity<typename Contig::Traits32>{});
-                    return;
-                case DecodeTile::kKeySplit16Wide:
-                    if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
-                        run_tile("16 rows, 128-key blocks",
-                                 type_identity<typename Config::TraitsWide>{},
-                                 type_identity<typename Contig::TraitsWide>{});
-                        return;
-                    }
-                    break;
-                case DecodeTile::kKeySplit32Wide:
-                    if constexpr (kHasWideKeySplitTile<EMU_HEAD_DIM>) {
-                        run_tile("32 rows, 128-key blocks",
-                                 type_identity<typename Config::TraitsWide32>{},
-                                 type_identity<typename Contig::TraitsWide32>{});
-                        return;
-                    }
-                    break;
-                case DecodeTile::kDecode64:
-                    break;
-            }
-        }
+            });
+        if (keysplit) return;
         run_traits<Element, typename FwdDecodeConfig<EMU_HEAD_DIM>::Traits, Causal>(params);
     } else {
         if (params.num_splits > 1) {

@@ -29,6 +29,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/decode.h"
 #include "kernels/ptx.cuh"
@@ -146,6 +147,47 @@ struct FwdDecodeKeySplitConfig {
 // take it (geometric mean, bench/NOTES.md run 67).
 template <int HeadDim>
 constexpr bool kHasWideKeySplitTile = decode::has_wide_keysplit_tile(HeadDim);
+
+// The traits of key-split decode tile `tile` (kernels/decode.h decode_tile) at HeadDim, for the
+// launcher (sm80/fwd_launch.cuh) and the CPU emulator (tests/emulation/fwd_emulated.cpp):
+// fn(name, std::type_identity<T>, std::type_identity<P>), T the paged-capable traits and P their
+// twin without the paged path. Returns false without calling fn for the 64-row decode tile and
+// for tiles HeadDim has no kernel of.
+template <int HeadDim, typename Fn>
+bool with_keysplit_traits(decode::DecodeTile tile, Fn&& fn) {
+    if constexpr (kHasKeySplitTile<HeadDim>) {
+        using Config = FwdDecodeKeySplitConfig<HeadDim>;
+        using Contig = FwdDecodeKeySplitConfig<HeadDim, false>;
+        using std::type_identity;
+        switch (tile) {
+            case decode::DecodeTile::kKeySplit16:
+                fn("16 rows", type_identity<typename Config::Traits>{},
+                   type_identity<typename Contig::Traits>{});
+                return true;
+            case decode::DecodeTile::kKeySplit32:
+                fn("32 rows", type_identity<typename Config::Traits32>{},
+                   type_identity<typename Contig::Traits32>{});
+                return true;
+            case decode::DecodeTile::kKeySplit16Wide:
+                if constexpr (kHasWideKeySplitTile<HeadDim>) {
+                    fn("16 rows, 128-key blocks", type_identity<typename Config::TraitsWide>{},
+                       type_identity<typename Contig::TraitsWide>{});
+                    return true;
+                }
+                break;
+            case decode::DecodeTile::kKeySplit32Wide:
+                if constexpr (kHasWideKeySplitTile<HeadDim>) {
+                    fn("32 rows, 128-key blocks", type_identity<typename Config::TraitsWide32>{},
+                       type_identity<typename Contig::TraitsWide32>{});
+                    return true;
+                }
+                break;
+            case decode::DecodeTile::kDecode64:
+                break;
+        }
+    }
+    return false;
+}
 
 // The 16-row Q tile's A fragments (ldmatrix layout of warp_gemm.cuh), held by each warp of the
 // key-split tile through the key loop (Traits::kQInRegisters); an empty struct for other tiles.

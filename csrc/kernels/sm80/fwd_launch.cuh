@@ -144,16 +144,13 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
         using Decode = typename sm80::FwdDecodeConfig<HeadDim>::Traits;
         // Key-split tile (decode_keysplit.cuh; off with FLASH_CUDA_DECODE_KEYSPLIT=0) for tiles
         // of at most 16 rows (4 key slices) or 32 rows (2 x 2); dropout stays on the 64-row tile.
-        // decode.h decode_tile says which (it returns the key-split tiles only for head dims
-        // that have them: kHasKeySplitTile, kHasWideKeySplitTile).
-        if constexpr (sm80::kHasKeySplitTile<HeadDim>) {
-            using Config = sm80::FwdDecodeKeySplitConfig<HeadDim>;
-            using Contig = sm80::FwdDecodeKeySplitConfig<HeadDim, false>;  // no paged path
-            // Every variant (ALiBi, softcap) on the key-split tile T, the plain one on P (T's
-            // twin without the paged path where decode.h contiguous_keysplit says so, else T);
-            // dropout's on Decode.
-            const bool contiguous = decode::contiguous_keysplit(params);
-            auto launch = [&](auto tile, auto plain) {
+        // decode.h decode_tile says which (sm80::with_keysplit_traits: the tile's traits). Every
+        // variant (ALiBi, softcap) runs on the paged-capable traits T, the plain one on their
+        // twin P without the paged path where decode.h contiguous_keysplit says so, else on T;
+        // dropout's on Decode.
+        const bool contiguous = decode::contiguous_keysplit(params);
+        const bool keysplit = sm80::with_keysplit_traits<HeadDim>(
+            decode::decode_tile(params), [&](const char*, auto tile, auto plain) {
                 using T = typename decltype(tile)::type;
                 using P = typename decltype(plain)::type;
                 if (contiguous) {
@@ -161,35 +158,8 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
                 } else {
                     sm80::launch_fwd<Element, T, T, T, Decode, Causal>(params, stream);
                 }
-            };
-            using std::type_identity;
-            switch (decode::decode_tile(params)) {
-                case decode::DecodeTile::kKeySplit16:
-                    launch(type_identity<typename Config::Traits>{},
-                           type_identity<typename Contig::Traits>{});
-                    return;
-                case decode::DecodeTile::kKeySplit32:
-                    launch(type_identity<typename Config::Traits32>{},
-                           type_identity<typename Contig::Traits32>{});
-                    return;
-                case decode::DecodeTile::kKeySplit16Wide:
-                    if constexpr (sm80::kHasWideKeySplitTile<HeadDim>) {
-                        launch(type_identity<typename Config::TraitsWide>{},
-                               type_identity<typename Contig::TraitsWide>{});
-                        return;
-                    }
-                    break;
-                case decode::DecodeTile::kKeySplit32Wide:
-                    if constexpr (sm80::kHasWideKeySplitTile<HeadDim>) {
-                        launch(type_identity<typename Config::TraitsWide32>{},
-                               type_identity<typename Contig::TraitsWide32>{});
-                        return;
-                    }
-                    break;
-                case decode::DecodeTile::kDecode64:
-                    break;
-            }
-        }
+            });
+        if (keysplit) return;
         sm80::launch_fwd<Element, Decode, Decode, Decode, Decode, Causal>(params, stream);
         return;
     }
