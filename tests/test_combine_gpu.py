@@ -29,7 +29,10 @@ def combine_fp64(out_partial, lse_partial):
                                              (128, 2, 2, 1, 256), (7, 3, 4, 113, 40),
                                              # scalar path (d % 4 != 0); float4 path with a
                                              # partial second column pass (d = 132)
-                                             (29, 1, 3, 2, 13), (33, 2, 2, 1, 132)])
+                                             (29, 1, 3, 2, 13), (33, 2, 2, 1, 132),
+                                             # row kernel CTAs of 8 and 13 warps (one per 8
+                                             # splits, combine.cuh row_warps)
+                                             (64, 1, 32, 1, 128), (100, 1, 3, 2, 13)])
 def test_combine_matches_formula(dtype, splits, b, h, sq, d, row_kernel, monkeypatch):
     """row_kernel: the default (combine.cuh launch_plan: the CTA-per-row kernel where splits >= 8
     and rows <= 4096; the warp per row elsewhere); else FLASH_CUDA_COMBINE_ROW=0 (warp per row

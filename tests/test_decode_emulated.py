@@ -265,20 +265,25 @@ def test_decode_emulated(case, tile, monkeypatch):
 
 
 @pytest.mark.parametrize("row_kernel", (True, False), ids=("cta_per_row", "warp_per_row"))
-@pytest.mark.parametrize("num_splits", (8, 16, 33))
+@pytest.mark.parametrize("num_splits", (8, 16, 33, 100))
 def test_combine_row_kernel_emulated(num_splits, row_kernel, monkeypatch):
-    """The split combine with a CTA per row (combine.cuh, the default at splits >= 8) and, with
-    FLASH_CUDA_COMBINE_ROW=0, the warp per row: float4 and scalar paths (the harness checks they
-    write the same bits), empty splits (cache lengths shorter than the splits' key ranges)."""
+    """The split combine with a CTA per row (combine.cuh, the default at splits >= 8; 4, 4, 5 and
+    13 warps here) and, with FLASH_CUDA_COMBINE_ROW=0, the warp per row: float4 and scalar paths
+    (the harness checks they write the same bits), empty splits (cache lengths shorter than the
+    splits' key ranges). Explicit counts are clamped to the key blocks (decode.h num_splits), so
+    the cache holds at least a 128-key block per split."""
     monkeypatch.setenv("FLASH_CUDA_COMBINE_ROW", "1" if row_kernel else "0")
     gen = torch.Generator().manual_seed(num_splits)
-    dtype, d, b, h, hk, capacity = torch.bfloat16, 128, 2, 4, 1, 1088
-    seqused = [1088, 200]
+    dtype, d, b, h, hk = torch.bfloat16, 128, 2, 4, 1
+    capacity = max(1088, 128 * num_splits)
+    seqused = [capacity, 200]
     k, v, _, _, _ = make_cache(b, capacity, hk, d, dtype, None, gen)
     q = torch.randn(b, 1, h, d, generator=gen).to(dtype)
     out, lse = run_fwd_emulated(q, k, v, seqused_k=torch.tensor(seqused, dtype=torch.int32),
                                 num_splits=num_splits, pack_gqa=True)
     assert ("CTA per row" in driver.LAST_STDOUT) == row_kernel
+    warps = max(4, -(-num_splits // 8)) if row_kernel else 4
+    assert f"{num_splits} splits, {warps} warps per CTA" in driver.LAST_STDOUT, driver.LAST_STDOUT
     for i in range(b):
         assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k[i:i + 1, :seqused[i]],
                                v[i:i + 1, :seqused[i]])

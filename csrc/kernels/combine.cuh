@@ -18,12 +18,13 @@
 // stores), so a 128-column row takes one pass over the splits with the loads of several splits
 // in flight; else one column per lane and pass (any d, any strides).
 //
-// With many splits and few rows (decode at small batch: e.g. 32 rows x 16-64 splits) the warp per
-// row leaves most of the GPU idle and walks its splits in several dependent rounds (8 float4
-// loads in flight per lane). combine_splits_row_kernel then takes one CTA of kRowWarps warps
-// per row: warp w merges splits w, w + kRowWarps, ... with an online softmax over chunks of
-// kRowChunk splits, loading each chunk's lse and partial rows together (one round trip per chunk,
-// usually one in all), and the warps' (max, sum, row) triples are merged through shared memory:
+// With many splits and few rows (decode at small batch: e.g. 32 rows x 16-128 splits) the warp
+// per row leaves most of the GPU idle and walks its splits in several dependent rounds (8 float4
+// loads in flight per lane). combine_splits_row_kernel then takes one CTA of W = row_warps(splits)
+// warps per row (4-16, one per kRowChunk splits): warp w merges splits w, w + W, ... with an
+// online softmax over chunks of kRowChunk splits, loading each chunk's lse and partial rows
+// together (one round trip per chunk: one in all up to 128 splits), and the warps' (max, sum,
+// row) triples are merged through shared memory:
 //   M = max_w m_w,  L = sum_w l_w exp(m_w - M),  o = sum_w o_w exp(m_w - M) / L,  lse = M + log L
 // (o_w, l_w: warp w's sums of exp(lse_i - m_w) o_i and exp(lse_i - m_w)), the same formula
 // as above in another order. launch_plan() picks the kernel (combine.cu and the emulator).
@@ -50,12 +51,23 @@ constexpr int kMaxSplits = 128;  // = decode::kMaxSplits
 constexpr int kSplitsPerLane = kMaxSplits / 32;
 constexpr int kSmemBytes = kWarpsPerBlock * kMaxSplits * static_cast<int>(sizeof(float));
 
-// The row kernel: warps per row (CTA), splits per warp and round trip, and its shared memory
+// The row kernel: splits per warp and round trip, warps per row (CTA) and its shared memory
 // (per warp: max, sum and one column pass of 128 floats).
-constexpr int kRowWarps = 4;
 constexpr int kRowChunk = 8;
+constexpr int kRowMinWarps = 4;
+constexpr int kRowMaxWarps = kMaxSplits / kRowChunk;  // 16: every split in one round trip
 constexpr int kRowColsPerPass = 128;  // 32 lanes x 4 columns (float4), or 32 x 1 (scalar)
-constexpr int kRowSmemBytes = kRowWarps * (2 + kRowColsPerPass) * static_cast<int>(sizeof(float));
+
+// Warps of the row kernel's CTA for `splits` splits: one per kRowChunk splits, so that each warp
+// loads its splits in one round trip, but at least kRowMinWarps (the launcher and the kernel
+// both call it; the kernel's stride over the splits is this count).
+__host__ __device__ __forceinline__ int row_warps(int splits) {
+    const int warps = (splits + kRowChunk - 1) / kRowChunk;
+    return warps < kRowMinWarps ? kRowMinWarps : (warps > kRowMaxWarps ? kRowMaxWarps : warps);
+}
+__host__ __device__ __forceinline__ int row_smem_bytes(int warps) {
+    return warps * (2 + kRowColsPerPass) * static_cast<int>(sizeof(float));
+}
 
 // FLASH_CUDA_COMBINE_ROW=0 in the environment (read per call, host side; the CPU emulator reads
 // it too) keeps every combine on the warp per row (A/B runs); by default launch_plan() may pick
@@ -68,7 +80,7 @@ inline bool row_kernel_enabled() {
 // Which kernel merges `rows` rows of `splits` splits, and its launch shape. The row kernel (where
 // `allow_row_kernel`) where the warp per row would walk its splits in more than one round
 // (splits >= 8) and its CTAs would not fill the GPU many times over (rows <= 4096: a CTA per
-// row).
+// row), with row_warps(splits) warps.
 struct LaunchPlan {
     bool row_kernel;
     int64_t blocks;
@@ -77,7 +89,8 @@ struct LaunchPlan {
 };
 inline LaunchPlan launch_plan(int64_t rows, int splits, bool allow_row_kernel) {
     if (allow_row_kernel && splits >= 8 && rows <= 4096) {
-        return {true, rows, kRowWarps * 32, kRowSmemBytes};
+        const int warps = row_warps(splits);
+        return {true, rows, warps * 32, row_smem_bytes(warps)};
     }
     return {false, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, kSmemBytes};
 }
@@ -191,21 +204,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     if (lane == 0) params.softmax_lse_ptr[row] = lse;
 }
 
-// One CTA (kRowWarps warps) per row; see the top of the file. kVec4 as above: each lane owns 4
-// consecutive columns of a 128-column pass, else 1 of a 32-column pass.
+// One CTA of row_warps(num_splits) warps per row; see the top of the file. kVec4 as above: each
+// lane owns 4 consecutive columns of a 128-column pass, else 1 of a 32-column pass.
 template <typename Element, bool kVec4>
-__global__ void __launch_bounds__(kRowWarps * 32)
+__global__ void __launch_bounds__(kRowMaxWarps * 32)
     combine_splits_row_kernel(const FwdParams params) {
     constexpr int kLaneCols = kVec4 ? 4 : 1;
     constexpr int kColsPerPass = 32 * kLaneCols;
+    const int splits = params.num_splits, d = params.d;
+    const int warps = row_warps(splits);  // = blockDim.x / 32 (launch_plan)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float* smem = reinterpret_cast<float*>(ptx::dynamic_smem());
-    float* warp_max_s = smem;                   // [kRowWarps]
-    float* warp_sum_s = smem + kRowWarps;       // [kRowWarps]
-    float* warp_acc_s = smem + 2 * kRowWarps;   // [kRowWarps][kColsPerPass]
+    float* warp_max_s = smem;               // [warps]
+    float* warp_sum_s = smem + warps;       // [warps]
+    float* warp_acc_s = smem + 2 * warps;   // [warps][kColsPerPass]
     const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
     const int64_t row = blockIdx.x;
-    const int splits = params.num_splits, d = params.d;
     const float* lse_acc = params.softmax_lseaccum_ptr;
     const int64_t row_stride = params.d_rounded;
     const float* o_acc = reinterpret_cast<const float*>(params.oaccum_ptr) + row * row_stride;
@@ -220,11 +234,11 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         float m = -INFINITY, sum = 0.f, acc[kLaneCols];
 #pragma unroll
         for (int k = 0; k < kLaneCols; ++k) acc[k] = 0.f;
-        for (int s0 = warp; s0 < splits; s0 += kRowWarps * kRowChunk) {
+        for (int s0 = warp; s0 < splits; s0 += warps * kRowChunk) {
             float l[kRowChunk], o[kRowChunk][kLaneCols];
 #pragma unroll
             for (int j = 0; j < kRowChunk; ++j) {
-                const int s = s0 + kRowWarps * j;
+                const int s = s0 + warps * j;
                 const bool ok = s < splits;
                 l[j] = ok ? lse_acc[s * rows + row] : -INFINITY;
                 if constexpr (kVec4) {
@@ -269,14 +283,12 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         __syncthreads();
         if (warp == 0) {
             float row_max = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < kRowWarps; ++w) row_max = fmaxf(row_max, warp_max_s[w]);
+            for (int w = 0; w < warps; ++w) row_max = fmaxf(row_max, warp_max_s[w]);
             float total = 0.f, merged[kLaneCols];
 #pragma unroll
             for (int k = 0; k < kLaneCols; ++k) merged[k] = 0.f;
             if (row_max != -INFINITY) {
-#pragma unroll
-                for (int w = 0; w < kRowWarps; ++w) {
+                for (int w = 0; w < warps; ++w) {
                     const float mw = warp_max_s[w];
                     const float f = mw == -INFINITY ? 0.f : expf(mw - row_max);
                     total += f * warp_sum_s[w];

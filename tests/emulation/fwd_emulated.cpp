@@ -178,8 +178,9 @@ void combine(const FwdParams& p) {
     const int64_t rows = static_cast<int64_t>(p.b) * p.h * p.seqlen_q;
     const cb::LaunchPlan plan = cb::launch_plan(rows, p.num_splits, cb::row_kernel_enabled());
     const bool vec4 = cb::vec4_layout(p);
-    std::printf("emulator: combine kernel (%s), %s path\n",
-                plan.row_kernel ? "CTA per row" : "warp per row", vec4 ? "float4" : "scalar");
+    std::printf("emulator: combine kernel (%s), %s path, %d splits, %d warps per CTA\n",
+                plan.row_kernel ? "CTA per row" : "warp per row", vec4 ? "float4" : "scalar",
+                p.num_splits, plan.threads / 32);
     auto launch = [&](auto vec) {
         emu::launch(dim3(static_cast<unsigned>(plan.blocks)), plan.threads, plan.smem_bytes, [&] {
             if (plan.row_kernel) {
