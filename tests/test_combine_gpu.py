@@ -30,8 +30,8 @@ def combine_fp64(out_partial, lse_partial):
                                              # scalar path (d % 4 != 0); float4 path with a
                                              # partial second column pass (d = 132)
                                              (29, 1, 3, 2, 13), (33, 2, 2, 1, 132),
-                                             # row kernel CTAs of 8 and 13 warps (one per 8
-                                             # splits, combine.cuh row_warps)
+                                             # row kernel CTAs of 8 and 16 warps (combine.cuh
+                                             # row_warps)
                                              (64, 1, 32, 1, 128), (100, 1, 3, 2, 13)])
 def test_combine_matches_formula(dtype, splits, b, h, sq, d, row_kernel, monkeypatch):
     """row_kernel: the default (combine.cuh launch_plan: the CTA-per-row kernel where splits >= 8

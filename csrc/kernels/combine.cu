@@ -17,11 +17,14 @@ void run_combine_splits(const FwdParams& params, cudaStream_t stream) {
         combine::launch_plan(rows, params.num_splits, combine::row_kernel_enabled());
     if (plan.blocks == 0) return;
     const bool vec4 = combine::vec4_layout(params);
-    const auto kernel =
-        plan.row_kernel ? (vec4 ? &combine::combine_splits_row_kernel<Element, true>
-                                : &combine::combine_splits_row_kernel<Element, false>)
-                        : (vec4 ? &combine::combine_splits_kernel<Element, true>
-                                : &combine::combine_splits_kernel<Element, false>);
+    void (*kernel)(FwdParams) = vec4 ? &combine::combine_splits_kernel<Element, true>
+                                     : &combine::combine_splits_kernel<Element, false>;
+    if (plan.row_kernel) {
+        combine::with_row_warps(plan.threads / 32, [&](auto warps) {
+            kernel = vec4 ? &combine::combine_splits_row_kernel<Element, true, warps()>
+                          : &combine::combine_splits_row_kernel<Element, false, warps()>;
+        });
+    }
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(static_cast<unsigned>(plan.blocks));
     config.blockDim = dim3(plan.threads);

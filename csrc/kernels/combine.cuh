@@ -21,10 +21,10 @@
 // With many splits and few rows (decode at small batch: e.g. 32 rows x 16-128 splits) the warp
 // per row leaves most of the GPU idle and walks its splits in several dependent rounds (8 float4
 // loads in flight per lane). combine_splits_row_kernel then takes one CTA of W = row_warps(splits)
-// warps per row (4-16, one per kRowChunk splits): warp w merges splits w, w + W, ... with an
-// online softmax over chunks of kRowChunk splits, loading each chunk's lse and partial rows
-// together (one round trip per chunk: one in all up to 128 splits), and the warps' (max, sum,
-// row) triples are merged through shared memory:
+// warps per row (4, 8 or 16: at least one per kRowChunk splits): warp w merges splits w, w + W,
+// ... with an online softmax over chunks of kRowChunk splits, loading each chunk's lse and
+// partial rows together (one round trip per chunk: one in all up to 128 splits), and the warps'
+// (max, sum, row) triples are merged through shared memory:
 //   M = max_w m_w,  L = sum_w l_w exp(m_w - M),  o = sum_w o_w exp(m_w - M) / L,  lse = M + log L
 // (o_w, l_w: warp w's sums of exp(lse_i - m_w) o_i and exp(lse_i - m_w)), the same formula
 // as above in another order. launch_plan() picks the kernel (combine.cu and the emulator).
@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/convert.cuh"
 #include "kernels/params.h"
@@ -54,18 +55,26 @@ constexpr int kSmemBytes = kWarpsPerBlock * kMaxSplits * static_cast<int>(sizeof
 // The row kernel: splits per warp and round trip, warps per row (CTA) and its shared memory
 // (per warp: max, sum and one column pass of 128 floats).
 constexpr int kRowChunk = 8;
-constexpr int kRowMinWarps = 4;
 constexpr int kRowMaxWarps = kMaxSplits / kRowChunk;  // 16: every split in one round trip
 constexpr int kRowColsPerPass = 128;  // 32 lanes x 4 columns (float4), or 32 x 1 (scalar)
 
-// Warps of the row kernel's CTA for `splits` splits: one per kRowChunk splits, so that each warp
-// loads its splits in one round trip, but at least kRowMinWarps (the launcher and the kernel
-// both call it; the kernel's stride over the splits is this count).
-__host__ __device__ __forceinline__ int row_warps(int splits) {
-    const int warps = (splits + kRowChunk - 1) / kRowChunk;
-    return warps < kRowMinWarps ? kRowMinWarps : (warps > kRowMaxWarps ? kRowMaxWarps : warps);
+// Warps of the row kernel's CTA for `splits` splits, a compile-time count of the kernel: 4 up to
+// 32 splits, 8 up to 64, else 16, so that each warp loads its (at most kRowChunk) splits in one
+// round trip. with_row_warps(warps, f) calls f(std::integral_constant<int, warps>).
+inline int row_warps(int splits) {
+    return splits <= 4 * kRowChunk ? 4 : (splits <= 8 * kRowChunk ? 8 : kRowMaxWarps);
 }
-__host__ __device__ __forceinline__ int row_smem_bytes(int warps) {
+template <typename F>
+void with_row_warps(int warps, F&& f) {
+    if (warps == 16) {
+        f(std::integral_constant<int, 16>{});
+    } else if (warps == 8) {
+        f(std::integral_constant<int, 8>{});
+    } else {
+        f(std::integral_constant<int, 4>{});
+    }
+}
+inline int row_smem_bytes(int warps) {
     return warps * (2 + kRowColsPerPass) * static_cast<int>(sizeof(float));
 }
 
@@ -204,20 +213,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     if (lane == 0) params.softmax_lse_ptr[row] = lse;
 }
 
-// One CTA of row_warps(num_splits) warps per row; see the top of the file. kVec4 as above: each
-// lane owns 4 consecutive columns of a 128-column pass, else 1 of a 32-column pass.
-template <typename Element, bool kVec4>
-__global__ void __launch_bounds__(kRowMaxWarps * 32)
+// One CTA of kWarps = row_warps(num_splits) warps per row; see the top of the file. kVec4 as
+// above: each lane owns 4 consecutive columns of a 128-column pass, else 1 of a 32-column pass.
+template <typename Element, bool kVec4, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
     combine_splits_row_kernel(const FwdParams params) {
     constexpr int kLaneCols = kVec4 ? 4 : 1;
     constexpr int kColsPerPass = 32 * kLaneCols;
     const int splits = params.num_splits, d = params.d;
-    const int warps = row_warps(splits);  // = blockDim.x / 32 (launch_plan)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float* smem = reinterpret_cast<float*>(ptx::dynamic_smem());
-    float* warp_max_s = smem;               // [warps]
-    float* warp_sum_s = smem + warps;       // [warps]
-    float* warp_acc_s = smem + 2 * warps;   // [warps][kColsPerPass]
+    float* warp_max_s = smem;                // [kWarps]
+    float* warp_sum_s = smem + kWarps;       // [kWarps]
+    float* warp_acc_s = smem + 2 * kWarps;   // [kWarps][kColsPerPass]
     const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
     const int64_t row = blockIdx.x;
     const float* lse_acc = params.softmax_lseaccum_ptr;
@@ -234,11 +242,11 @@ __global__ void __launch_bounds__(kRowMaxWarps * 32)
         float m = -INFINITY, sum = 0.f, acc[kLaneCols];
 #pragma unroll
         for (int k = 0; k < kLaneCols; ++k) acc[k] = 0.f;
-        for (int s0 = warp; s0 < splits; s0 += warps * kRowChunk) {
+        for (int s0 = warp; s0 < splits; s0 += kWarps * kRowChunk) {
             float l[kRowChunk], o[kRowChunk][kLaneCols];
 #pragma unroll
             for (int j = 0; j < kRowChunk; ++j) {
-                const int s = s0 + warps * j;
+                const int s = s0 + kWarps * j;
                 const bool ok = s < splits;
                 l[j] = ok ? lse_acc[s * rows + row] : -INFINITY;
                 if constexpr (kVec4) {
@@ -283,12 +291,14 @@ __global__ void __launch_bounds__(kRowMaxWarps * 32)
         __syncthreads();
         if (warp == 0) {
             float row_max = -INFINITY;
-            for (int w = 0; w < warps; ++w) row_max = fmaxf(row_max, warp_max_s[w]);
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) row_max = fmaxf(row_max, warp_max_s[w]);
             float total = 0.f, merged[kLaneCols];
 #pragma unroll
             for (int k = 0; k < kLaneCols; ++k) merged[k] = 0.f;
             if (row_max != -INFINITY) {
-                for (int w = 0; w < warps; ++w) {
+#pragma unroll
+                for (int w = 0; w < kWarps; ++w) {
                     const float mw = warp_max_s[w];
                     const float f = mw == -INFINITY ? 0.f : expf(mw - row_max);
                     total += f * warp_sum_s[w];

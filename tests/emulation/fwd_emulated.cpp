@@ -184,7 +184,9 @@ void combine(const FwdParams& p) {
     auto launch = [&](auto vec) {
         emu::launch(dim3(static_cast<unsigned>(plan.blocks)), plan.threads, plan.smem_bytes, [&] {
             if (plan.row_kernel) {
-                cb::combine_splits_row_kernel<Element, decltype(vec)::value>(p);
+                cb::with_row_warps(plan.threads / 32, [&](auto warps) {
+                    cb::combine_splits_row_kernel<Element, decltype(vec)::value, warps()>(p);
+                });
             } else {
                 cb::combine_splits_kernel<Element, decltype(vec)::value>(p);
             }
