@@ -30,6 +30,7 @@ os.environ["FLASH_CUDA_BWD_KERNEL"] = "1"  # before the first op call (read once
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from api_utils import built_head_dims  # noqa: E402
 from naive_attention import naive_attention, normalize_window, visible_mask  # noqa: E402
 
 pytestmark = [
@@ -295,6 +296,8 @@ def test_rng_state_advances():
 # ----------------------------------------------------------------------------------------------
 
 def test_cuda_graph_advances_offset():
+    if 64 not in built_head_dims():  # capture needs the kernel; the reference path refuses it
+        pytest.skip("head dim 64 not built (FLASH_CUDA_HEADDIMS)")
     q, k, v, dout = make_inputs(torch.float16, 64, 200, 200, 4, 2, seed=9)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
