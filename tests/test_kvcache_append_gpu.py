@@ -267,3 +267,59 @@ def test_rejected_rotary_table_too_short_for_queries(causal):
     _assert_rejected_untouched(case, ValueError, "rotary_cos/sin have")
     _rotary(case, 6 if causal else 4)
     call_op(case)  # one more position is enough
+
+
+# ----------------------------------------------------------------------------------------------
+# The value checks' host copies (csrc/checks.cpp HostCopies): a CUDA tensor's copy is kept while
+# PyTorch has not modified the tensor, so a model's later layers reuse it without a stream sync;
+# an in-place change, a new tensor or FLASH_CUDA_CHECK_VALUES=always copy again.
+
+
+class _SyncsRaise:
+    """torch.cuda's sync debug mode set to error: a synchronizing call inside raises."""
+
+    def __enter__(self):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@needs_cuda
+@pytest.mark.parametrize("paged", (False, True), ids=("contiguous", "paged"))
+def test_value_checks_reuse_unmodified_host_copies(paged):
+    case = _cuda_case()
+    a = case["args"]
+    if paged:
+        _paged(case, 6, 4, [[0, 1], [2, 3]])  # 8 slots per sequence
+    a["k"] = a["v"] = None  # no append: every call sees the same cache
+    first = call_op(case)  # copies cache_seqlens (and block_table) to the host
+    with _SyncsRaise():
+        again = call_op(case)  # the same tensors, unmodified: no device-to-host copy
+    assert all(torch.equal(x, y) for x, y in zip(first, again))
+    fresh = _i32([1, 3])  # equal values, another tensor: copied again
+    a["cache_seqlens"] = fresh
+    with _SyncsRaise(), pytest.raises(RuntimeError, match="synchroniz"):
+        call_op(case)
+    # In-place changes bump the version counter: the checks see the new values.
+    a["k"], a["v"] = (torch.randn(2, 2, 2, 64, device="cuda", dtype=torch.float16)
+                      for _ in range(2))
+    call_op(case)
+    fresh[1] = 7  # 7 + 2 new > 8 slots
+    _assert_rejected_untouched(case, ValueError, "exceeds the cache length|needs 3")
+    if paged:
+        fresh[1] = 3
+        call_op(case)
+        a["block_table"][1, 1] = 6
+        _assert_rejected_untouched(case, ValueError, r"block_table\[1, 1\] = 6 is out of range")
+
+
+@needs_cuda
+def test_value_checks_copy_every_call_when_asked(monkeypatch):
+    case = _cuda_case()
+    case["args"]["k"] = case["args"]["v"] = None
+    call_op(case)
+    monkeypatch.setenv("FLASH_CUDA_CHECK_VALUES", "always")
+    with _SyncsRaise(), pytest.raises(RuntimeError, match="synchroniz"):
+        call_op(case)
