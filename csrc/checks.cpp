@@ -115,18 +115,23 @@ bool copy_every_call() {
 // strides. A write PyTorch does not see (a CUDA graph's replay, a custom kernel writing through
 // data_ptr()) leaves the kept copy stale; FLASH_CUDA_CHECK_VALUES=always then copies every call.
 // Inference tensors (no version counter) are copied every call; CPU tensors need no transfer.
+// Kept copies read by this thread, and whether a FreshHostCopies is alive (checks.h).
+thread_local uint64_t tl_kept_copies_read = 0;
+thread_local int tl_fresh_copies = 0;
+
 class HostCopies {
   public:
     at::Tensor get(const at::Tensor& t) {
         if (!t.is_cuda() || t.is_inference() || copy_every_call()) return copy(t);
         const int64_t version = t._version();
-        {
+        if (tl_fresh_copies == 0) {
             std::lock_guard<std::mutex> lock(mutex_);
             for (Entry& e : entries_) {
                 if (e.holds(t) && e.version == version && e.data == t.data_ptr() &&
                     t.sizes() == at::IntArrayRef(e.sizes) &&
                     t.strides() == at::IntArrayRef(e.strides)) {
                     e.last_use = ++clock_;
+                    ++tl_kept_copies_read;
                     return e.host;
                 }
             }
@@ -183,6 +188,14 @@ at::Tensor host_ints(const at::Tensor& t) {
     static HostCopies copies;
     return copies.get(t);
 }
+
+}  // namespace
+
+uint64_t kept_host_copies_read() { return tl_kept_copies_read; }
+FreshHostCopies::FreshHostCopies() { ++tl_fresh_copies; }
+FreshHostCopies::~FreshHostCopies() { --tl_fresh_copies; }
+
+namespace {
 
 // cu_seqlens: starts at 0, non-decreasing, last entry <= total, max length <= max_seqlen.
 void check_cu_seqlens_values(const at::Tensor& cu, int64_t total, int64_t max_seqlen,

@@ -4,11 +4,14 @@
 //
 // Value checks that read tensor contents (cu_seqlens monotone, max_seqlen, block_table range,
 // cache bounds) copy a few integers to the host. On CUDA they are skipped while a CUDA graph is
-// being captured and when the environment sets FLASH_CUDA_CHECK_VALUES=0 (no host sync then).
+// being captured and when the environment sets FLASH_CUDA_CHECK_VALUES=0 (no host sync then);
+// a CUDA tensor's copy is kept while PyTorch has not modified the tensor (checks.cpp HostCopies;
+// FLASH_CUDA_CHECK_VALUES=always copies every call).
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <optional>
 
 namespace flash_cuda {
@@ -87,5 +90,32 @@ void check_combine_inputs(const at::Tensor& out_partial, const at::Tensor& lse_p
 
 // Whether value checks (which read tensor contents) should run for tensors on this device.
 bool value_checks_enabled(const at::Tensor& t);
+
+// How many host copies the value checks have taken from the kept ones on this thread; while a
+// FreshHostCopies lives, they copy anew (and keep the new copies).
+uint64_t kept_host_copies_read();
+class FreshHostCopies {
+  public:
+    FreshHostCopies();
+    ~FreshHostCopies();
+    FreshHostCopies(const FreshHostCopies&) = delete;
+    FreshHostCopies& operator=(const FreshHostCopies&) = delete;
+};
+
+// Runs `checks`, the argument checks of one call (no side effects), which may read host copies
+// of CUDA tensors. Those copies are kept between calls while PyTorch has not modified their
+// tensors, and a write it does not track can leave one stale; so when `checks` throws after
+// reading a kept copy, it runs again on fresh copies: a stale copy never rejects a good call.
+template <typename Checks>
+auto recheck_on_fresh_copies(Checks&& checks) -> decltype(checks()) {
+    const uint64_t kept = kept_host_copies_read();
+    try {
+        return checks();
+    } catch (const c10::Error&) {
+        if (kept_host_copies_read() == kept) throw;
+        const FreshHostCopies fresh;
+        return checks();
+    }
+}
 
 }  // namespace flash_cuda

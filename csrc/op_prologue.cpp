@@ -40,8 +40,10 @@ CheckedCall varlen_fwd_prologue(const at::Tensor& q, const at::Tensor& k, const 
                                 int64_t max_seqlen_k, double dropout_p, double softmax_scale,
                                 bool causal, int64_t window_left, int64_t window_right,
                                 double softcap, const OptionalTensor& rng_state) {
-    const AttnDims dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                              block_table, max_seqlen_q, max_seqlen_k);
+    const AttnDims dims = recheck_on_fresh_copies([&] {
+        return check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                                   max_seqlen_q, max_seqlen_k);
+    });
     check_scalar_args(dropout_p, softmax_scale, window_left, window_right, softcap);
     check_alibi(alibi_slopes, q, dims);
     if (rng_state.has_value()) check_rng_state(*rng_state, q, "rng_state");
@@ -77,8 +79,10 @@ CheckedCall varlen_bwd_prologue(const at::Tensor& dout, const at::Tensor& q, con
                                 int64_t max_seqlen_k, double dropout_p, double softmax_scale,
                                 bool causal, int64_t window_left, int64_t window_right,
                                 double softcap, const at::Tensor& rng_state) {
-    const AttnDims dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt,
-                                              std::nullopt, max_seqlen_q, max_seqlen_k);
+    const AttnDims dims = recheck_on_fresh_copies([&] {
+        return check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt,
+                                   std::nullopt, max_seqlen_q, max_seqlen_k);
+    });
     check_bwd_inputs(dout, q, out, softmax_lse, dims, /*varlen=*/true);
     check_scalar_args(dropout_p, softmax_scale, window_left, window_right, softcap);
     check_alibi(alibi_slopes, q, dims);
@@ -99,19 +103,26 @@ CheckedCall kvcache_prologue(const at::Tensor& q, const at::Tensor& k_cache,
                              const OptionalTensor& alibi_slopes, double softmax_scale,
                              bool causal, int64_t window_left, int64_t window_right,
                              double softcap, int64_t num_splits) {
-    at::Tensor cache_seqlens_host;  // one device-to-host copy, shared by both checks
-    const AttnDims dims = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens,
-                                               rotary_cos, rotary_sin, cache_batch_idx,
-                                               cache_leftpad, block_table, num_splits,
-                                               &cache_seqlens_host);
-    check_scalar_args(0.0, softmax_scale, window_left, window_right, softcap);
-    check_alibi(alibi_slopes, q, dims);
-    // As flash_attn: normalised with the cache capacity (dims.seqlen_k), applied per sequence.
-    const MaskArgs mask = normalize_mask(causal, window_left, window_right, dims.seqlen_k);
-    check_kvcache_rotary_positions(q, cache_seqlens.has_value(), cache_seqlens_host, rotary_cos,
-                                   dims.seqlen_k,
-                                   mask.causal || mask.window_left >= 0 || mask.window_right >= 0);
-    return {dims, make_options(softmax_scale, mask, softcap, alibi_slopes, 0.0, PhiloxSeed{}),
+    struct Checked {
+        AttnDims dims;
+        MaskArgs mask;
+    };
+    const Checked c = recheck_on_fresh_copies([&] {
+        at::Tensor cache_seqlens_host;  // one device-to-host copy, shared by both checks
+        const AttnDims dims = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens,
+                                                   rotary_cos, rotary_sin, cache_batch_idx,
+                                                   cache_leftpad, block_table, num_splits,
+                                                   &cache_seqlens_host);
+        check_scalar_args(0.0, softmax_scale, window_left, window_right, softcap);
+        check_alibi(alibi_slopes, q, dims);
+        // As flash_attn: normalised with the cache capacity (dims.seqlen_k), applied per sequence.
+        const MaskArgs mask = normalize_mask(causal, window_left, window_right, dims.seqlen_k);
+        check_kvcache_rotary_positions(
+            q, cache_seqlens.has_value(), cache_seqlens_host, rotary_cos, dims.seqlen_k,
+            mask.causal || mask.window_left >= 0 || mask.window_right >= 0);
+        return Checked{dims, mask};
+    });
+    return {c.dims, make_options(softmax_scale, c.mask, softcap, alibi_slopes, 0.0, PhiloxSeed{}),
             PhiloxSeed{}};
 }
 

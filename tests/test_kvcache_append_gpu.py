@@ -316,6 +316,24 @@ def test_value_checks_reuse_unmodified_host_copies(paged):
 
 
 @needs_cuda
+def test_stale_kept_copy_never_rejects_a_good_call():
+    """A write PyTorch does not track (through .data: the version counter stays) leaves the kept
+    copy stale; checks that fail on it run again on a fresh copy (checks.h
+    recheck_on_fresh_copies), so the call goes through and appends where the tensor says."""
+    case = _cuda_case()
+    a = case["args"]
+    new_k, new_v = a["k"], a["v"]
+    seqlens = _i32([1, 7])
+    a["cache_seqlens"], a["k"], a["v"] = seqlens, None, None
+    call_op(case)  # keeps [1, 7]: 7 keys fit in 8 slots
+    seqlens.data[1] = 3  # untracked: the kept copy still says 7
+    a["k"], a["v"] = new_k, new_v  # 7 + 2 new would not fit; 3 + 2 does
+    call_op(case)
+    torch.cuda.synchronize()
+    assert torch.equal(a["k_cache"][1, 3:5], new_k[1]) and torch.equal(a["v_cache"][1, 3:5], new_v[1])
+
+
+@needs_cuda
 def test_value_checks_copy_every_call_when_asked(monkeypatch):
     case = _cuda_case()
     case["args"]["k"] = case["args"]["v"] = None
