@@ -185,8 +185,8 @@ class HostCopies {
 
 // An int32 tensor's values on the host (for value checks).
 at::Tensor host_ints(const at::Tensor& t) {
-    static HostCopies copies;
-    return copies.get(t);
+    static HostCopies* copies = new HostCopies();  // never destroyed: no teardown-order questions
+    return copies->get(t);
 }
 
 }  // namespace
