@@ -106,19 +106,21 @@ bool copy_every_call() {
     return env != nullptr && std::strcmp(env, "always") == 0;
 }
 
-// Host copies of the int32 tensors the value checks read. For a CUDA tensor the copy is a
-// device-to-host transfer, a stream sync: the GPU then idles while the host launches what follows
-// (bench/NOTES.md run 20: 25-48 us per eager decode call). A model passes the same cache_seqlens,
-// block_table or cu_seqlens to every layer of a step, so a copy is kept and reused while its
-// tensor is the same object and PyTorch has not modified it: the same TensorImpl (held weakly, so
-// that its address is not reused while the entry lives), version counter, data pointer, sizes and
-// strides. A write PyTorch does not see (a CUDA graph's replay, a custom kernel writing through
-// data_ptr()) leaves the kept copy stale; FLASH_CUDA_CHECK_VALUES=always then copies every call.
-// Inference tensors (no version counter) are copied every call; CPU tensors need no transfer.
 // Kept copies read by this thread, and whether a FreshHostCopies is alive (checks.h).
 thread_local uint64_t tl_kept_copies_read = 0;
 thread_local int tl_fresh_copies = 0;
 
+// Host copies of the int32 tensors the value checks read. For a CUDA tensor the copy is a
+// device-to-host transfer, a stream sync: the GPU then idles while the host launches what follows
+// (bench/NOTES.md runs 20 and 95: 21-79 us per eager decode call). A model passes the same
+// cache_seqlens, block_table or cu_seqlens to every layer of a step, so a copy is kept and reused
+// while its tensor is the same object and PyTorch has not modified it: the same TensorImpl (held
+// weakly, so that its address is not reused while the entry lives), version counter, data
+// pointer, sizes and strides. A write PyTorch does not see (a CUDA graph's replay, a custom kernel
+// writing through data_ptr(), an in-place op on .data) leaves the kept copy stale: it can then
+// hide a bad value, but not reject a good call (recheck_on_fresh_copies, checks.h, runs failed
+// checks again on fresh copies); FLASH_CUDA_CHECK_VALUES=always copies every call. Inference
+// tensors (no version counter) are copied every call; CPU tensors need no transfer.
 class HostCopies {
   public:
     at::Tensor get(const at::Tensor& t) {
@@ -137,8 +139,8 @@ class HostCopies {
             }
         }
         at::Tensor host = copy(t);  // outside the lock: it waits for the stream
-        Entry entry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), version,
-                    t.data_ptr(), t.sizes().vec(), t.strides().vec(), host, 0};
+        Entry entry{WeakImpl(t.getIntrusivePtr()), version, t.data_ptr(), t.sizes().vec(),
+                    t.strides().vec(), host, 0};
         std::lock_guard<std::mutex> lock(mutex_);
         entry.last_use = ++clock_;
         // This tensor's entry, else a dead tensor's, else a new one, else the least recently used.
@@ -163,11 +165,12 @@ class HostCopies {
     }
 
   private:
+    using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
     static constexpr size_t kEntries = 16;
     static at::Tensor copy(const at::Tensor& t) { return t.to(at::kCPU, at::kInt).contiguous(); }
 
     struct Entry {
-        c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
+        WeakImpl impl;
         int64_t version;
         const void* data;
         std::vector<int64_t> sizes, strides;

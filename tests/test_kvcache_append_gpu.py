@@ -330,7 +330,8 @@ def test_stale_kept_copy_never_rejects_a_good_call():
     a["k"], a["v"] = new_k, new_v  # 7 + 2 new would not fit; 3 + 2 does
     call_op(case)
     torch.cuda.synchronize()
-    assert torch.equal(a["k_cache"][1, 3:5], new_k[1]) and torch.equal(a["v_cache"][1, 3:5], new_v[1])
+    assert torch.equal(a["k_cache"][1, 3:5], new_k[1])
+    assert torch.equal(a["v_cache"][1, 3:5], new_v[1])
 
 
 @needs_cuda
