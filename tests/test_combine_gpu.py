@@ -23,6 +23,7 @@ def combine_fp64(out_partial, lse_partial):
 
 
 @needs_cuda
+@pytest.mark.parametrize("few", (True, False), ids=("few", "no_few"))
 @pytest.mark.parametrize("row_kernel", (False, True), ids=("warp_per_row", "cta_per_row"))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("splits,b,h,sq,d", [(1, 1, 1, 1, 8), (3, 2, 5, 17, 64), (16, 1, 8, 3, 128),
@@ -32,14 +33,20 @@ def combine_fp64(out_partial, lse_partial):
                                              (29, 1, 3, 2, 13), (33, 2, 2, 1, 132),
                                              # row kernel CTAs of 8 and 16 warps (combine.cuh
                                              # row_warps)
-                                             (64, 1, 32, 1, 128), (100, 1, 3, 2, 13)])
-def test_combine_matches_formula(dtype, splits, b, h, sq, d, row_kernel, monkeypatch):
+                                             (64, 1, 32, 1, 128), (100, 1, 3, 2, 13),
+                                             # the few-splits kernel's limits (8 splits, 128
+                                             # columns), and past them (9 splits, 132 columns)
+                                             (8, 2, 3, 5, 128), (9, 1, 4, 3, 128),
+                                             (2, 1, 2, 3, 132)])
+def test_combine_matches_formula(dtype, splits, b, h, sq, d, row_kernel, few, monkeypatch):
     """row_kernel: the default (combine.cuh launch_plan: the CTA-per-row kernel where splits >= 8
     and rows <= 4096; the warp per row elsewhere); else FLASH_CUDA_COMBINE_ROW=0 (warp per row
-    everywhere)."""
+    everywhere). few: the default (combine_few_splits_kernel for at most 8 splits on the float4
+    layout with at most 128 columns, whatever row_kernel says); else FLASH_CUDA_COMBINE_FEW=0."""
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setenv("FLASH_CUDA_COMBINE_ROW", "1" if row_kernel else "0")
+    monkeypatch.setenv("FLASH_CUDA_COMBINE_FEW", "1" if few else "0")
     out_partial = torch.randn(splits, b, h, sq, d, device="cuda")
     lse_partial = torch.randn(splits, b, h, sq, device="cuda") * 3
     # Some splits saw no key (lse -inf), and one row saw none at all.
@@ -49,7 +56,10 @@ def test_combine_matches_formula(dtype, splits, b, h, sq, d, row_kernel, monkeyp
         out, lse = torch.ops.flash_cuda.combine_splits(out_partial, lse_partial, dtype)
         torch.cuda.synchronize()
     ran_row_kernel = any("combine_splits_row_kernel" in e.name for e in prof.events())
-    assert ran_row_kernel == (row_kernel and splits >= 8 and b * h * sq <= 4096)
+    ran_few = any("combine_few_splits_kernel" in e.name for e in prof.events())
+    expect_few = few and splits <= 8 and d <= 128 and d % 4 == 0
+    assert ran_few == expect_few
+    assert ran_row_kernel == (not expect_few and row_kernel and splits >= 8 and b * h * sq <= 4096)
     ref_out, ref_lse = combine_fp64(out_partial, lse_partial)
     assert out.dtype == dtype and out.shape == (b, sq, h, d)
     assert lse.dtype == torch.float32 and lse.shape == (b, h, sq)

@@ -271,8 +271,10 @@ def test_combine_row_kernel_emulated(num_splits, row_kernel, monkeypatch):
     16 warps here) and, with FLASH_CUDA_COMBINE_ROW=0, the warp per row: float4 and scalar paths
     (the harness checks they write the same bits), empty splits (cache lengths shorter than the
     splits' key ranges). Explicit counts are clamped to the key blocks (decode.h num_splits), so
-    the cache holds at least a 128-key block per split."""
+    the cache holds at least a 128-key block per split. (FLASH_CUDA_COMBINE_FEW=0: 8 splits
+    would otherwise take the few-splits kernel, test_combine_few_splits_kernel_emulated.)"""
     monkeypatch.setenv("FLASH_CUDA_COMBINE_ROW", "1" if row_kernel else "0")
+    monkeypatch.setenv("FLASH_CUDA_COMBINE_FEW", "0")
     gen = torch.Generator().manual_seed(num_splits)
     dtype, d, b, h, hk = torch.bfloat16, 128, 2, 4, 1
     capacity = max(1088, 128 * num_splits)
@@ -284,6 +286,28 @@ def test_combine_row_kernel_emulated(num_splits, row_kernel, monkeypatch):
     assert ("CTA per row" in driver.LAST_STDOUT) == row_kernel
     warps = (4 if num_splits <= 32 else 8 if num_splits <= 64 else 16) if row_kernel else 4
     assert f"{num_splits} splits, {warps} warps per CTA" in driver.LAST_STDOUT, driver.LAST_STDOUT
+    for i in range(b):
+        assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k[i:i + 1, :seqused[i]],
+                               v[i:i + 1, :seqused[i]])
+
+
+@pytest.mark.parametrize("num_splits,d", [(2, 128), (5, 64), (8, 128), (3, 256)])
+def test_combine_few_splits_kernel_emulated(num_splits, d):
+    """At most 8 splits on the float4 layout with at most 128 columns: the few-splits kernel
+    (combine.cuh combine_few_splits_kernel: the lse and the partial rows in one round trip), whose
+    bits the harness checks against the scalar warp kernel's; empty splits (a cache shorter than
+    the splits' key ranges). d256 rows are too wide for it and keep the other kernels."""
+    gen = torch.Generator().manual_seed(num_splits * d)
+    dtype, b, h, hk = torch.float16, 2, 4, 1
+    capacity = 128 * num_splits + 64
+    seqused = [capacity, 70]
+    k, v, _, _, _ = make_cache(b, capacity, hk, d, dtype, None, gen)
+    q = torch.randn(b, 1, h, d, generator=gen).to(dtype)
+    out, lse = run_fwd_emulated(q, k, v, seqused_k=torch.tensor(seqused, dtype=torch.int32),
+                                num_splits=num_splits, pack_gqa=True)
+    assert f"{num_splits} splits" in driver.LAST_STDOUT, driver.LAST_STDOUT
+    assert ("combine kernel (few splits), float4 path" in driver.LAST_STDOUT) == (d <= 128), \
+        driver.LAST_STDOUT
     for i in range(b):
         assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k[i:i + 1, :seqused[i]],
                                v[i:i + 1, :seqused[i]])

@@ -27,7 +27,9 @@
 // (max, sum, row) triples are merged through shared memory:
 //   M = max_w m_w,  L = sum_w l_w exp(m_w - M),  o = sum_w o_w exp(m_w - M) / L,  lse = M + log L
 // (o_w, l_w: warp w's sums of exp(lse_i - m_w) o_i and exp(lse_i - m_w)), the same formula
-// as above in another order. launch_plan() picks the kernel (combine.cu and the emulator).
+// as above in another order. launch_plan() picks the kernel (combine.cu and the emulator),
+// unless the rows fit combine_few_splits_kernel (few_splits_kernel: at most 8 splits, the float4
+// layout, at most 128 columns), which loads the lse and the partial rows in one round trip.
 //
 // Both kernels start with griddepcontrol.wait: after a split-KV attention kernel on sm_90 they
 // are launched with programmatic dependent launch (FwdParams::combine_pdl), so their CTAs take
@@ -110,6 +112,21 @@ inline bool vec4_layout(const FwdParams& p) {
            reinterpret_cast<uintptr_t>(p.oaccum_ptr) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(p.o_ptr) % 8 == 0 && p.o_batch_stride % 4 == 0 &&
            p.o_row_stride % 4 == 0 && p.o_head_stride % 4 == 0;
+}
+
+// The few-splits kernel: at most kFewSplits splits, rows of at most kFewMaxCols columns on the
+// float4 layout. One warp per row; every lane loads every split's lse and every split's float4
+// of its 4 columns together, one round trip from L2 instead of the warp kernel's two (lse, then
+// the partial rows weighted by them), and merges in registers. Its bits are the scalar warp
+// kernel's (same reductions in the same order; the emulator checks that).
+// FLASH_CUDA_COMBINE_FEW=0 in the environment (read per call, host side; the emulator too)
+// keeps those rows on the other kernels (A/B runs).
+constexpr int kFewSplits = 8;
+constexpr int kFewMaxCols = 32 * 4;
+inline bool few_splits_kernel(const FwdParams& p, bool vec4) {
+    const char* value = std::getenv("FLASH_CUDA_COMBINE_FEW");
+    const bool enabled = !(value != nullptr && value[0] == '0' && value[1] == '\0');
+    return enabled && vec4 && p.num_splits <= kFewSplits && p.d <= kFewMaxCols;
 }
 
 __device__ __forceinline__ float warp_max(float x) {
@@ -210,6 +227,71 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
             out[c] = from_float<Element>(acc);
         }
     }
+    if (lane == 0) params.softmax_lse_ptr[row] = lse;
+}
+
+// See few_splits_kernel. The float4 layout (vec4_layout), at most kFewSplits splits and
+// kFewMaxCols columns; kWarpsPerBlock rows per CTA.
+template <typename Element>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    combine_few_splits_kernel(const FwdParams params) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;  // (b, h, sq)
+    if (row >= rows) return;
+    const int splits = params.num_splits;
+    const int c = 4 * lane;
+    const bool col_ok = c < params.d;
+    const int64_t row_stride = params.d_rounded;
+    const float* o_acc = reinterpret_cast<const float*>(params.oaccum_ptr) + row * row_stride;
+    const int64_t split_stride = rows * row_stride;
+    ptx::wait_for_prior_grid();  // the partials' writer (PDL launch; a no-op otherwise)
+
+    // One round trip: every lane loads every split's lse (the same addresses across the warp)
+    // and its 4 columns of every split's partial row, all unconditionally (splits past the end
+    // read split 0 and weigh 0; lanes past the columns read column 0 and store nothing), so the
+    // loads go out together and nothing after them needs another lane: no shuffles.
+    const float* lse_acc = params.softmax_lseaccum_ptr;
+    const int c_load = col_ok ? c : 0;
+    float l[kFewSplits];
+    float4 o[kFewSplits];
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) {
+        const int64_t s_load = s < splits ? s : 0;
+        o[s] = ptx::ld_volatile_f32x4(o_acc + s_load * split_stride + c_load);
+    }
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) {
+        const int64_t s_load = s < splits ? s : 0;
+        l[s] = ptx::ld_volatile_f32(lse_acc + s_load * rows + row);
+    }
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) {
+        if (s >= splits) l[s] = -INFINITY;
+    }
+    float m = l[0];
+#pragma unroll
+    for (int s = 1; s < kFewSplits; ++s) m = fmaxf(m, l[s]);
+    float e[kFewSplits];
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) e[s] = l[s] == -INFINITY ? 0.f : expf(l[s] - m);
+    // The sum in warp_sum's order over lanes 0..7 (the warp kernel's lane s holds split s), so
+    // the result has the scalar warp kernel's bits.
+    static_assert(kFewSplits == 8, "the sum tree below is warp_sum's for 8 lanes");
+    const float sum = ((e[0] + e[4]) + (e[2] + e[6])) + ((e[1] + e[5]) + (e[3] + e[7]));
+    const float lse = (m == -INFINITY || sum == 0.f) ? INFINITY : m + logf(sum);
+    // Every split's row is used (weight 0 past the end: adding w * o = +-0 leaves acc's bits
+    // as they are), so no load sinks into a branch of its own, one round trip after another.
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) {
+        const float w = (lse == INFINITY || l[s] == -INFINITY) ? 0.f : expf(l[s] - lse);
+        acc.x += w * o[s].x;
+        acc.y += w * o[s].y;
+        acc.z += w * o[s].z;
+        acc.w += w * o[s].w;
+    }
+    if (col_ok) store4<Element>(output_row<Element>(params, row) + c, acc);
     if (lane == 0) params.softmax_lse_ptr[row] = lse;
 }
 

@@ -197,6 +197,24 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 #endif
 }
 
+// ld.volatile.global.f32 / .v4.f32: loads that ptxas keeps in program order with each other
+// (it may sink plain loads towards their first use, after other loads' dependent math: a second
+// round trip where one would do).
+__device__ __forceinline__ float ld_volatile_f32(const float* ptr) {
+    float v;
+    asm volatile("ld.volatile.global.f32 %0, [%1];\n" : "=f"(v) : "l"(ptr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float4 ld_volatile_f32x4(const float* ptr) {
+    float4 v;
+    asm volatile("ld.volatile.global.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(ptr)
+                 : "memory");
+    return v;
+}
+
 // ex2.approx.ftz.f32: 2^x (ex2(-inf) = +0), the softmax exponential.
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;

@@ -176,14 +176,20 @@ template <typename Element>
 void combine(const FwdParams& p) {
     namespace cb = flash_cuda::combine;
     const int64_t rows = static_cast<int64_t>(p.b) * p.h * p.seqlen_q;
-    const cb::LaunchPlan plan = cb::launch_plan(rows, p.num_splits, cb::row_kernel_enabled());
     const bool vec4 = cb::vec4_layout(p);
+    // The few-splits kernel (as combine.cu): its float4 bits are checked against the scalar warp
+    // kernel's, whose reductions it repeats.
+    const bool few = cb::few_splits_kernel(p, vec4);
+    const cb::LaunchPlan plan =
+        cb::launch_plan(rows, p.num_splits, !few && cb::row_kernel_enabled());
     std::printf("emulator: combine kernel (%s), %s path, %d splits, %d warps per CTA\n",
-                plan.row_kernel ? "CTA per row" : "warp per row", vec4 ? "float4" : "scalar",
-                p.num_splits, plan.threads / 32);
+                few ? "few splits" : plan.row_kernel ? "CTA per row" : "warp per row",
+                vec4 ? "float4" : "scalar", p.num_splits, plan.threads / 32);
     auto launch = [&](auto vec) {
         emu::launch(dim3(static_cast<unsigned>(plan.blocks)), plan.threads, plan.smem_bytes, [&] {
-            if (plan.row_kernel) {
+            if (few && decltype(vec)::value) {
+                cb::combine_few_splits_kernel<Element>(p);
+            } else if (plan.row_kernel) {
                 cb::with_row_warps(plan.threads / 32, [&](auto warps) {
                     cb::combine_splits_row_kernel<Element, decltype(vec)::value, warps()>(p);
                 });

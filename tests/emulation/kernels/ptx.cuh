@@ -162,6 +162,11 @@ inline void red_add_f32x2(float* addr, float a, float b) {
 // kernel never starts early and both halves of the edge are no-ops.
 inline void launch_dependents() {}
 inline void wait_for_prior_grid() {}
+// Volatile loads (program order on the GPU): plain loads here, one thread after another.
+inline float ld_volatile_f32(const float* ptr) { return *ptr; }
+inline float4 ld_volatile_f32x4(const float* ptr) {
+    return *reinterpret_cast<const float4*>(ptr);
+}
 inline float exp2_approx(float x) { return std::exp2(x); }
 inline float tanh_approx(float x) { return std::tanh(x); }
 
