@@ -249,8 +249,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
     // One round trip: every lane loads every split's lse (the same addresses across the warp)
     // and its 4 columns of every split's partial row, all unconditionally (splits past the end
-    // read split 0 and weigh 0; lanes past the columns read column 0 and store nothing), so the
-    // loads go out together and nothing after them needs another lane: no shuffles.
+    // read split 0 and weigh 0; lanes past the columns read column 0 and store nothing) and
+    // volatile (ptxas keeps them in program order, so all 16 go out before the first use);
+    // nothing after them needs another lane: no shuffles.
     const float* lse_acc = params.softmax_lseaccum_ptr;
     const int c_load = col_ok ? c : 0;
     float l[kFewSplits];

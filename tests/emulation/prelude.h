@@ -202,12 +202,3 @@ inline uint32_t __shfl_sync(unsigned /*mask*/, uint32_t value, int src_lane) {
     w.barrier.arrive_and_wait();
     return other;
 }
-
-inline float __shfl_sync(unsigned mask, float value, int src_lane) {
-    uint32_t bits, r;
-    std::memcpy(&bits, &value, 4);
-    r = __shfl_sync(mask, bits, src_lane);
-    float out;
-    std::memcpy(&out, &r, 4);
-    return out;
-}
