@@ -13,15 +13,15 @@ namespace flash_cuda {
 template <typename Element>
 void run_combine_splits(const FwdParams& params, cudaStream_t stream) {
     const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
-    combine::LaunchPlan plan =
-        combine::launch_plan(rows, params.num_splits, combine::row_kernel_enabled());
-    if (plan.blocks == 0) return;
     const bool vec4 = combine::vec4_layout(params);
+    // The few-splits kernel has the warp kernel's launch shape (a warp per row).
     const bool few = combine::few_splits_kernel(params, vec4);
+    const combine::LaunchPlan plan =
+        combine::launch_plan(rows, params.num_splits, !few && combine::row_kernel_enabled());
+    if (plan.blocks == 0) return;
     void (*kernel)(FwdParams) = vec4 ? &combine::combine_splits_kernel<Element, true>
                                      : &combine::combine_splits_kernel<Element, false>;
     if (few) {
-        plan = combine::launch_plan(rows, params.num_splits, false);  // a warp per row
         kernel = &combine::combine_few_splits_kernel<Element>;
     } else if (plan.row_kernel) {
         combine::with_row_warps(plan.threads / 32, [&](auto warps) {
