@@ -8,6 +8,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
+# No pip cache: the venv alone is ~5.5 GB (torch's CUDA build), and a cache would double what a
+# download costs on disk (a CI run once failed with "No space left on device").
+export PIP_NO_CACHE_DIR=1
 python -m pip install -q --upgrade pip >/dev/null
 python -m pip install -q "torch==2.14.1" numpy pytest ninja pybind11 setuptools wheel cmake
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
