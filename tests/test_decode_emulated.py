@@ -313,6 +313,49 @@ def test_combine_few_splits_kernel_emulated(num_splits, d):
                                v[i:i + 1, :seqused[i]])
 
 
+@pytest.mark.parametrize("paged", (False, True), ids=("contiguous", "paged16"))
+def test_out_of_range_cache_values_read_inside_emulated(paged):
+    """Values the host's value checks reject reach the kernel unchecked in CUDA-graph capture,
+    with FLASH_CUDA_CHECK_VALUES=0 or through a stale kept host copy (and always here: the
+    emulator calls the kernel directly): cache_seqlens past the capacity, cache_batch_idx and
+    block-table entries out of range, a negative cache_leftpad. The kernel clamps them
+    (sm80/fwd.cuh SequenceInfo, PagedKVRows::clamp_page) and reads only inside its tensors (the
+    emulator fails a cp.async source outside them); the result is attention over the clamped
+    values: lengths at most the capacity, rows and pages into range (a negative page entry to the
+    last page), leftpad at least 0."""
+    gen = torch.Generator().manual_seed(17)
+    dtype, d, b, h, hk, capacity = torch.bfloat16, 128, 3, 8, 2, 192
+    page = 16 if paged else None
+    b_cache = b if paged else b + 1
+    k_store, v_store, table, k_dense, v_dense = make_cache(b_cache, capacity, hk, d, dtype, page,
+                                                           gen)
+    seqused = torch.tensor([capacity + 50, 77, 10**6], dtype=torch.int32)
+    lengths = [min(int(n), capacity) for n in seqused]
+    q = torch.randn(b, 1, h, d, generator=gen).to(dtype)
+    kwargs = dict(seqused_k=seqused, num_splits=3, pack_gqa=True)
+    if paged:
+        num_pages = k_store.shape[0]
+        table = table.clone()
+        table[0, 2] = num_pages + 100
+        table[2, 0] = -5
+        kwargs["block_table"] = table
+        clamped = table.clone()
+        clamped[(clamped < 0) | (clamped >= num_pages)] = num_pages - 1
+        seqs = [(k_store[clamped[i].long()].flatten(0, 1)[:lengths[i]],
+                 v_store[clamped[i].long()].flatten(0, 1)[:lengths[i]]) for i in range(b)]
+    else:
+        batch_idx = torch.tensor([7, 1, -2], dtype=torch.int32)
+        leftpad = torch.tensor([0, 60, -7], dtype=torch.int32)
+        kwargs.update(cache_batch_idx=batch_idx, cache_leftpad=leftpad)
+        rows = batch_idx.clamp(0, b_cache - 1).tolist()
+        lefts = leftpad.clamp(min=0).tolist()
+        seqs = [(k_dense[rows[i], lefts[i]:lengths[i]], v_dense[rows[i], lefts[i]:lengths[i]])
+                for i in range(b)]
+    out, lse = run_fwd_emulated(q, k_store, v_store, **kwargs)
+    for i, (k_i, v_i) in enumerate(seqs):
+        assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k_i[None], v_i[None])
+
+
 @pytest.mark.parametrize("page", (16, 64))
 def test_paged_varlen_prefill_emulated(page):
     """varlen_fwd with block_table: packed q, keys of sequence i at block-table positions

@@ -74,20 +74,41 @@ struct SequenceInfo {
             info.v_offset = static_cast<int64_t>(start) * params.v_row_stride;
         } else {
             // KV cache: batch entry i reads cache sequence cache_batch_idx[i].
-            const int cache_row =
-                params.cache_batch_idx != nullptr ? params.cache_batch_idx[batch] : batch;
+            int cache_row = batch;
+            if (params.cache_batch_idx != nullptr) {
+                cache_row = params.cache_batch_idx[batch];
+                if (params.kv_cache_rows > 0) {
+                    cache_row = min(max(cache_row, 0), params.kv_cache_rows - 1);
+                }
+            }
             info.seqlen_k = params.seqlen_k;
             info.k_offset = static_cast<int64_t>(cache_row) * params.k_batch_stride;
             info.v_offset = static_cast<int64_t>(cache_row) * params.v_batch_stride;
         }
         if (params.seqused_k != nullptr) info.seqlen_k = params.seqused_k[batch];
+        // Device-side bounds. The host's value checks reject a cache_batch_idx, cache_seqlens,
+        // cache_leftpad or block table that would reach past the cache, but they do not run in
+        // CUDA-graph capture or with FLASH_CUDA_CHECK_VALUES=0, and a stale kept host copy can
+        // miss a bad value: clamped here, such a call reads inside its tensors (its results are
+        // then those of the clamped values, not an error). A paged sequence is at most its
+        // block-table row (block_table_cols pages), a contiguous KV-cache one at most the
+        // capacity (seqlen_k); entries of the table are clamped where they are read
+        // (PagedKVRows::lookup).
+        if (params.block_table != nullptr && params.block_table_cols > 0) {
+            info.seqlen_k = static_cast<int>(
+                min(static_cast<int64_t>(info.seqlen_k),
+                    static_cast<int64_t>(params.block_table_cols) * params.page_block_size));
+        } else if (params.cu_seqlens_k == nullptr) {
+            info.seqlen_k = min(info.seqlen_k, params.seqlen_k);
+        }
+        info.seqlen_k = max(info.seqlen_k, 0);
         // Paged: key positions go through the block table (k/v batch strides are the physical
         // block strides), so the sequence starts at block-table position 0.
         if (params.block_table != nullptr) info.k_offset = info.v_offset = 0;
         info.k_pos0 = 0;
         // KV cache with left padding: keys [leftpad, seqused_k) of the cache row.
         if (params.leftpad_k != nullptr) {
-            const int leftpad = params.leftpad_k[batch];
+            const int leftpad = min(max(params.leftpad_k[batch], 0), info.seqlen_k);
             info.seqlen_k -= leftpad;
             if (params.block_table != nullptr) {
                 info.k_pos0 = leftpad;
@@ -223,6 +244,13 @@ struct PagedKVRows {
     int page[kSteps];         // block_table entry of the row's page (past the valid rows: any)
     int row_in_page[kSteps];  // the row's position inside its page
 
+    // A block-table entry clamped into [0, num_pages) (one unsigned min: a negative entry is
+    // a large unsigned one; num_pages = 0 leaves it as it is). See SequenceInfo.
+    __device__ __forceinline__ static int clamp_page(const FwdParams& params, int entry) {
+        return static_cast<int>(min(static_cast<uint32_t>(entry),
+                                    static_cast<uint32_t>(params.num_pages - 1)));
+    }
+
     // This sequence's block-table row (batch = blockIdx.y); the kernel computes it once.
     __device__ __forceinline__ static const int* table_row(const FwdParams& params) {
         return params.block_table +
@@ -247,7 +275,8 @@ struct PagedKVRows {
                 const int pos = pos_first + r * KVCopy::kRowsPerStep;
                 const bool valid = row0 + r * KVCopy::kRowsPerStep < valid_rows;
                 row_in_page[r] = pos & (page_size - 1);
-                page[r] = table[valid ? static_cast<uint32_t>(pos) >> shift : 0u];
+                const uint32_t index = valid ? static_cast<uint32_t>(pos) >> shift : 0u;
+                page[r] = clamp_page(params, table[index]);
             }
             return;
         }
@@ -273,7 +302,7 @@ struct PagedKVRows {
             }
             const bool valid = row0 + r * KVCopy::kRowsPerStep < valid_rows;
             row_in_page[r] = in_page;
-            page[r] = table[valid ? static_cast<uint32_t>(p) : 0u];
+            page[r] = clamp_page(params, table[valid ? static_cast<uint32_t>(p) : 0u]);
         }
     }
 };
