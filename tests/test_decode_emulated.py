@@ -115,6 +115,20 @@ KEYSPLIT_CASES = [
      dict(num_splits=2, causal=True, pack_gqa=True)),
     ("ks32-d256-sq2-g12-window-split2", torch.bfloat16, 256, 1, 12, 1, 2, 160, None, [150],
      dict(num_splits=2, window=(20, 0), pack_gqa=True)),
+    # d96 tiles (three 32-column atoms: 64 of the 128 threads copy the 16-row Q tile and store
+    # O, tile_io.cuh TileCopy::kActiveThreads) and d80 below them (zero-filled columns 80-95):
+    # 16 and 32 rows, paged, split, a window whose keys fall in one warp's slice, packed rows
+    # past the valid ones, ALiBi + softcap unpacked.
+    ("ks-d96-paged16-sq2-g4-window-split2", torch.float16, 96, 2, 8, 2, 2, 256, 16, [250, 41],
+     dict(num_splits=2, window=(9, 0), pack_gqa=True)),
+    ("ks-d96-g4-split3", torch.bfloat16, 96, 1, 8, 2, 1, 320, None, [311],
+     dict(num_splits=3, pack_gqa=True)),
+    ("ks-d80-mha-alibi-softcap-leftpad", torch.bfloat16, 80, 2, 2, 2, 1, 200, None, [190, 64],
+     dict(num_splits=1, alibi=True, softcap=12.0, leftpad=[5, 0])),
+    ("ks32-d96-mqa-24x1-paged32-split2", torch.bfloat16, 96, 1, 24, 1, 1, 256, 32, [230],
+     dict(num_splits=2, pack_gqa=True)),
+    ("ks32-d80-sq3-g8-causal-empty-rows", torch.float16, 80, 2, 8, 1, 3, 192, None, [190, 2],
+     dict(num_splits=1, causal=True, pack_gqa=True)),
     # The 32-row tile with 128-key blocks (TraitsWide32; on the 1-SM device of tile "keysplit").
     ("ks32w-mqa-b2-paged16-split2", torch.bfloat16, 128, 2, 32, 1, 1, 512, 16, [500, 130],
      dict(num_splits=2, pack_gqa=True)),
@@ -127,7 +141,7 @@ def keysplit_qualifies(case):
     """Whether the key-split tile runs a case (kernels/decode.h uses_keysplit_tile, and a head
     dim with the tile compiled in): at most 32 tile rows after GQA packing."""
     _, _, d, _, h, hk, sq, _, _, _, extra = case
-    if kernel_head_dim(d + (-d) % 8) not in (64, 128, 256):
+    if kernel_head_dim(d + (-d) % 8) not in (64, 96, 128, 256):
         return False
     packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
     return sq * (h // hk if packed else 1) <= 32
