@@ -238,10 +238,11 @@ inline int paged_floor_blocks(const FwdParams& p) {
     return paged_floor_enabled() && !sixteen_rows ? kDecodeTileSecondCtaMinBlocks : 0;
 }
 // FLASH_CUDA_DECODE_KEYSPLIT_CTAS=2 in the environment (read once per process; A/B runs) gives
-// the 64-key key-split tiles' contiguous calls the 64-row tile's count: two CTAs per SM at
-// kernel head dims up to 128, the second down to kDecodeTileSecondCtaMinBlocks blocks per split.
-// By default they count one (d64 / d128 as measured in runs 23-67; d96 took the key-split tile
-// in session 18, where the 64-row tile it replaces had counted two).
+// the key-split tiles' contiguous calls (Traits / Traits32; the d128 128-key ones count two
+// anyway) the 64-row tile's count: two CTAs per SM at kernel head dims up to 128, the second
+// down to kDecodeTileSecondCtaMinBlocks blocks per split. By default they count one (d64 / d128
+// as measured in runs 23-67; d96 took the key-split tile in session 18, where the 64-row tile
+// it replaces had counted two).
 inline bool keysplit_two_ctas_enabled() {
     static const bool on = [] {
         const char* value = std::getenv("FLASH_CUDA_DECODE_KEYSPLIT_CTAS");
@@ -257,8 +258,7 @@ inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
     if (p.wide_key_blocks) return wide_split_geometry(p);
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm, paged_floor_blocks(p)};
-    const bool two_ctas =
-        decode_tile(p) == DecodeTile::kDecode64 || keysplit_two_ctas_enabled();
+    const bool two_ctas = decode_tile(p) == DecodeTile::kDecode64 || keysplit_two_ctas_enabled();
     if (two_ctas && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
         return {bn, bn, kDecodeTileCtasPerSm, kDecodeTileSecondCtaMinBlocks};
     }
