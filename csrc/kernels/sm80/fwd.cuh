@@ -54,38 +54,50 @@ struct SequenceInfo {
     int k_pos0;         // paged: cache position of key 0 (cache_leftpad), else 0
 
     __device__ __forceinline__ static SequenceInfo make(const FwdParams& params, int batch) {
+        // The per-sequence integers first, each a predicated load with no branch before it, so
+        // that all are in flight from the kernel's first instructions: the key range, and with
+        // it the first K/V copies, wait on them. (Loaded inside the branches below and after the
+        // grid-coordinate divisions, cache_seqlens was issued 156 instructions into the d128
+        // decode kernel, now 36.)
+        const bool varlen_q = params.cu_seqlens_q != nullptr;
+        const bool varlen_k = params.cu_seqlens_k != nullptr;
+        const int q_start = varlen_q ? params.cu_seqlens_q[batch] : 0;
+        const int q_end = varlen_q ? params.cu_seqlens_q[batch + 1] : 0;
+        const int k_start = varlen_k ? params.cu_seqlens_k[batch] : 0;
+        const int k_end = varlen_k ? params.cu_seqlens_k[batch + 1] : 0;
+        // KV cache: batch entry i reads cache sequence cache_batch_idx[i].
+        const int cache_row =
+            params.cache_batch_idx != nullptr ? params.cache_batch_idx[batch] : batch;
+        const int seqused = params.seqused_k != nullptr ? params.seqused_k[batch] : 0;
+        const int leftpad = params.leftpad_k != nullptr ? params.leftpad_k[batch] : 0;
+
         SequenceInfo info;
-        if (params.cu_seqlens_q != nullptr) {
-            const int start = params.cu_seqlens_q[batch];
-            info.q_start = start;
-            info.seqlen_q = params.cu_seqlens_q[batch + 1] - start;
-            info.q_offset = static_cast<int64_t>(start) * params.q_row_stride;
-            info.o_offset = static_cast<int64_t>(start) * params.o_row_stride;
+        if (varlen_q) {
+            info.q_start = q_start;
+            info.seqlen_q = q_end - q_start;
+            info.q_offset = static_cast<int64_t>(q_start) * params.q_row_stride;
+            info.o_offset = static_cast<int64_t>(q_start) * params.o_row_stride;
         } else {
             info.q_start = 0;
             info.seqlen_q = params.seqlen_q;
             info.q_offset = static_cast<int64_t>(batch) * params.q_batch_stride;
             info.o_offset = static_cast<int64_t>(batch) * params.o_batch_stride;
         }
-        if (params.cu_seqlens_k != nullptr) {
-            const int start = params.cu_seqlens_k[batch];
-            info.seqlen_k = params.cu_seqlens_k[batch + 1] - start;
-            info.k_offset = static_cast<int64_t>(start) * params.k_row_stride;
-            info.v_offset = static_cast<int64_t>(start) * params.v_row_stride;
+        if (varlen_k) {
+            info.seqlen_k = k_end - k_start;
+            info.k_offset = static_cast<int64_t>(k_start) * params.k_row_stride;
+            info.v_offset = static_cast<int64_t>(k_start) * params.v_row_stride;
         } else {
-            // KV cache: batch entry i reads cache sequence cache_batch_idx[i].
-            int cache_row = batch;
-            if (params.cache_batch_idx != nullptr) {
-                cache_row = params.cache_batch_idx[batch];
-                if (params.kv_cache_rows > 0) {
-                    cache_row = min(max(cache_row, 0), params.kv_cache_rows - 1);
-                }
+            // KV cache: the cache row, clamped into the cache (see the device-side bounds below).
+            int row = cache_row;
+            if (params.cache_batch_idx != nullptr && params.kv_cache_rows > 0) {
+                row = min(max(row, 0), params.kv_cache_rows - 1);
             }
             info.seqlen_k = params.seqlen_k;
-            info.k_offset = static_cast<int64_t>(cache_row) * params.k_batch_stride;
-            info.v_offset = static_cast<int64_t>(cache_row) * params.v_batch_stride;
+            info.k_offset = static_cast<int64_t>(row) * params.k_batch_stride;
+            info.v_offset = static_cast<int64_t>(row) * params.v_batch_stride;
         }
-        if (params.seqused_k != nullptr) info.seqlen_k = params.seqused_k[batch];
+        if (params.seqused_k != nullptr) info.seqlen_k = seqused;
         // Device-side bounds. The host's value checks reject a cache_batch_idx, cache_seqlens,
         // cache_leftpad or block table that would reach past the cache, but they do not run in
         // CUDA-graph capture or with FLASH_CUDA_CHECK_VALUES=0, and a stale kept host copy can
@@ -108,13 +120,13 @@ struct SequenceInfo {
         info.k_pos0 = 0;
         // KV cache with left padding: keys [leftpad, seqused_k) of the cache row.
         if (params.leftpad_k != nullptr) {
-            const int leftpad = min(max(params.leftpad_k[batch], 0), info.seqlen_k);
-            info.seqlen_k -= leftpad;
+            const int pad = min(max(leftpad, 0), info.seqlen_k);
+            info.seqlen_k -= pad;
             if (params.block_table != nullptr) {
-                info.k_pos0 = leftpad;
+                info.k_pos0 = pad;
             } else {
-                info.k_offset += static_cast<int64_t>(leftpad) * params.k_row_stride;
-                info.v_offset += static_cast<int64_t>(leftpad) * params.v_row_stride;
+                info.k_offset += static_cast<int64_t>(pad) * params.k_row_stride;
+                info.v_offset += static_cast<int64_t>(pad) * params.v_row_stride;
             }
         }
         return info;
@@ -548,12 +560,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
+    const int batch = blockIdx.y;
+    // The sequence's lengths and offsets first (SequenceInfo::make: its loads head the
+    // prologue's critical path); the grid-coordinate divisions below run while they are in flight.
+    const SequenceInfo seq = SequenceInfo::make(params, batch);
     // Grid coordinates (block_coords: the decode tile orders heads first and has the splits).
     const BlockCoords coords = block_coords<Traits>(params);
     const int split = coords.split;
     // Causal: the last query blocks have the most keys; start them first.
     const int m_block = Causal ? coords.num_m_blocks - 1 - coords.m_index : coords.m_index;
-    const int batch = blockIdx.y;
     const int head = coords.head;
     const int m0 = m_block * kBlockM;  // first query row of this CTA
     if constexpr (IsDropout) write_rng_state(params, tid);
@@ -569,7 +584,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     int seqlen_k;
     bool warp_computes = true;         // false: an idle warp of the decode tile (see the loop)
     {
-        const SequenceInfo seq = SequenceInfo::make(params, batch);
         // GQA packed in the kernel (decode tile): G rows per query position (PackedRow).
         const bool packed = Traits::kPackGQA && params.gqa_pack > 1;
         const int group = packed ? params.gqa_pack : 1;
