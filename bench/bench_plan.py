@@ -19,10 +19,13 @@ DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 # dependent launch (params.h combine_pdl).
 DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
                     "flash_cuda_nopdl": ("FLASH_CUDA_PDL", "0")}
+# flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
+# cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
+# append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
-                  "flash_cuda_sm90pp", *DECODE_ENV_IMPLS]
+                  "flash_cuda_sm90pp", *DECODE_ENV_IMPLS, "flash_cuda_append"]
 # EFFICIENT is no decode peer here
-DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "cudnn", "fa2", "math")
+DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "flash_cuda_append", "cudnn", "fa2", "math")
 
 
 def csv_ints(text: str) -> list[int]:

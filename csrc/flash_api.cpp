@@ -771,13 +771,14 @@ KvcacheAppended kvcache_append_step(const at::Tensor& q, at::Tensor& k_cache, at
         p.seqlen_q = static_cast<int>(q.size(1));
         p.h = static_cast<int>(q.size(2));
     }
+    if (seqlen_new > 0) {  // cache_seqlens + new tokens, written by the append kernel
+        result.seqlens = at::empty({p.b}, cache_seqlens->options().dtype(at::kInt));
+        p.seqlens_out = result.seqlens->data_ptr<int>();
+    }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     dispatch_dtype(q.scalar_type(), [&](auto element) {
         run_kvcache_append<decltype(element)>(p, stream);
     });
-    if (seqlen_new > 0) {
-        result.seqlens = (*cache_seqlens + static_cast<int>(seqlen_new)).to(at::kInt);
-    }
     return result;
 }
 
