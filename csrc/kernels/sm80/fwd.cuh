@@ -253,11 +253,15 @@ template <typename Traits>
 struct PagedKVRows {
     using KVCopy = typename Traits::KVCopy;
     static constexpr int kSteps = KVCopy::kRowSteps;
-    int page[kSteps];         // block_table entry of the row's page (past the valid rows: any)
+    // block_table entry of the row's page (past the valid rows: any), as read: unclamped.
+    int page[kSteps];
     int row_in_page[kSteps];  // the row's position inside its page
 
     // A block-table entry clamped into [0, num_pages) (one unsigned min: a negative entry is
-    // a large unsigned one; num_pages = 0 leaves it as it is). See SequenceInfo.
+    // a large unsigned one; num_pages = 0 leaves it as it is). See SequenceInfo. Applied where
+    // the row address is formed (load_kv_tile), not in lookup: a min right after the table
+    // load would make the warp wait for that load there, a copy before the entry is needed
+    // (paged page-16 steps ran 1-8% slower that way, bench/NOTES.md session 19).
     __device__ __forceinline__ static int clamp_page(const FwdParams& params, int entry) {
         return static_cast<int>(min(static_cast<uint32_t>(entry),
                                     static_cast<uint32_t>(params.num_pages - 1)));
@@ -288,7 +292,7 @@ struct PagedKVRows {
                 const bool valid = row0 + r * KVCopy::kRowsPerStep < valid_rows;
                 row_in_page[r] = pos & (page_size - 1);
                 const uint32_t index = valid ? static_cast<uint32_t>(pos) >> shift : 0u;
-                page[r] = clamp_page(params, table[index]);
+                page[r] = table[index];
             }
             return;
         }
@@ -314,7 +318,7 @@ struct PagedKVRows {
             }
             const bool valid = row0 + r * KVCopy::kRowsPerStep < valid_rows;
             row_in_page[r] = in_page;
-            page[r] = clamp_page(params, table[valid ? static_cast<uint32_t>(p) : 0u]);
+            page[r] = table[valid ? static_cast<uint32_t>(p) : 0u];
         }
     }
 };
@@ -355,8 +359,9 @@ __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t s
         auto chunk = [&](auto r) {
             const uint64_t row_start = ptx::mad_wide_u32(
                 static_cast<uint32_t>(paged_rows.row_in_page[r]), row_bytes, thread_base);
-            return reinterpret_cast<const Element*>(ptx::mad_wide_u32(
-                static_cast<uint32_t>(paged_rows.page[r]), page_bytes, row_start));
+            const int page = PagedKVRows<Traits>::clamp_page(params, paged_rows.page[r]);
+            return reinterpret_cast<const Element*>(
+                ptx::mad_wide_u32(static_cast<uint32_t>(page), page_bytes, row_start));
         };
         if (whole_tile) {
             KVCopy::template load_async_gather_steps<true>(smem_tile, chunk, valid_rows,
