@@ -122,12 +122,12 @@ class FlashCuda:
                                         0.0, False)[0]
 
     def decode(self, q, k_cache, v_cache, cache_seqlens, causal, block_table=None,
-               num_splits=0):
+               num_splits=0, k=None, v=None):
         if self.kvcache is not None:
-            return self.kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, causal=causal,
-                                block_table=block_table, num_splits=num_splits)
+            return self.kvcache(q, k_cache, v_cache, k=k, v=v, cache_seqlens=cache_seqlens,
+                                causal=causal, block_table=block_table, num_splits=num_splits)
         return torch.ops.flash_cuda.fwd_kvcache(
-            q, k_cache, v_cache, None, None, cache_seqlens, None, None, None, None, block_table,
+            q, k_cache, v_cache, k, v, cache_seqlens, None, None, None, None, block_table,
             None, q.shape[-1] ** -0.5, causal, -1, -1, 0.0, True, num_splits)[0]
 
 
@@ -636,9 +636,24 @@ class Bench:
                                                num_splits)), ""
             return make
 
+        def flash_append():
+            # The step's sq tokens appended at cache_seqlens = kv - sq (the same positions every
+            # call), then attention over the same kv keys as the plain step. The tokens are the
+            # cache's own last rows, so the cache (which the other implementations read after
+            # this one) keeps its values and every output stays comparable.
+            def make():
+                self.fc.need()
+                k_new, v_new = kc[:, kv - sq:].clone(), vc[:, kv - sq:].clone()
+                before = seqlens - sq
+                return (lambda: self.fc.decode(q, kc, vc, before, c["causal"], k=k_new,
+                                               v=v_new)), "appends the step's k / v"
+            return make
+
         for impl in impls:  # flash_cuda and its variants, in the order of --impls
             if impl == "flash_cuda" or impl in DECODE_ENV_IMPLS:
                 timed(impl, flash())
+            elif impl == "flash_cuda_append":
+                timed(impl, flash_append())
         # --paged (flash_cuda_p<page>), --paged-in-order (flash_cuda_po<page>), --paged with
         # --decode-splits (flash_cuda_p<page>s<num_splits>): one paged copy per page spec.
         paged_impls = {}

@@ -19,10 +19,13 @@ DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 # dependent launch (params.h combine_pdl).
 DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
                     "flash_cuda_nopdl": ("FLASH_CUDA_PDL", "0")}
+# flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
+# cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
+# append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
-                  "flash_cuda_sm90pp", *DECODE_ENV_IMPLS]
+                  "flash_cuda_sm90pp", *DECODE_ENV_IMPLS, "flash_cuda_append"]
 # EFFICIENT is no decode peer here
-DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "cudnn", "fa2", "math")
+DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "flash_cuda_append", "cudnn", "fa2", "math")
 
 
 def csv_ints(text: str) -> list[int]:
@@ -125,7 +128,7 @@ def build_plan(args) -> list[dict]:
                  for b, kv in (args.decode_cases or (DECODE_CASES[:1] if quick else DECODE_CASES))
                  for sq in args.decode_q]
         if args.decode_grid:
-            cases += [("decode_grid", decode_case(b, kv, hq, hkv, 128, sq))
+            cases += [("decode_grid", decode_case(b, kv, hq, hkv, args.decode_grid_dim, sq))
                       for hq, hkv in DECODE_GRID_HEADS for b in DECODE_GRID_BATCHES
                       for kv in DECODE_GRID_CACHES for sq in args.decode_q]
         for section, c in cases:
@@ -218,6 +221,8 @@ def parse_args(argv=None, default_out="bench/results"):
     p.add_argument("--decode-grid", action="store_true",
                    help="issue 5's grid: heads 32/8, 32/32, 32/1 x batch 1,8,32,128 x cache "
                         "1k,8k,32k,128k (cells over 40 GB of K+V skipped)")
+    p.add_argument("--decode-grid-dim", type=int, default=128,
+                   help="head dim of the --decode-grid cells (issue 5's grid: 128)")
     p.add_argument("--decode-q", type=csv_ints, default=[1],
                    help="query tokens per decode step, e.g. 1,4,8 (speculative decoding)")
     p.add_argument("--paged", type=csv_ints, default=[],

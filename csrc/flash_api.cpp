@@ -638,6 +638,8 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         params.block_table = block_table->data_ptr<int>();
         params.block_table_batch_stride = block_table->stride(0);
         params.page_block_size = static_cast<int>(k.size(1));
+        params.block_table_cols = static_cast<int>(block_table->size(1));
+        params.num_pages = static_cast<int>(k.size(0));
     }
     set_dropout_params(params, dropout_p, call.philox);
     at::Tensor rng_state_out = kernel_rng_state(q, call, params);
@@ -769,13 +771,14 @@ KvcacheAppended kvcache_append_step(const at::Tensor& q, at::Tensor& k_cache, at
         p.seqlen_q = static_cast<int>(q.size(1));
         p.h = static_cast<int>(q.size(2));
     }
+    if (seqlen_new > 0) {  // cache_seqlens + new tokens, written by the append kernel
+        result.seqlens = at::empty({p.b}, cache_seqlens->options().dtype(at::kInt));
+        p.seqlens_out = result.seqlens->data_ptr<int>();
+    }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     dispatch_dtype(q.scalar_type(), [&](auto element) {
         run_kvcache_append<decltype(element)>(p, stream);
     });
-    if (seqlen_new > 0) {
-        result.seqlens = (*cache_seqlens + static_cast<int>(seqlen_new)).to(at::kInt);
-    }
     return result;
 }
 
@@ -826,11 +829,14 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     set_fwd_params(params, dims, q_attn, k_cache, v_cache, out, lse, call.opts);
     params.seqused_k = seqlens.has_value() ? seqlens->data_ptr<int>() : nullptr;
     params.cache_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
+    params.kv_cache_rows = static_cast<int>(k_cache.size(0));
     params.leftpad_k = cache_leftpad.has_value() ? cache_leftpad->data_ptr<int>() : nullptr;
     if (block_table.has_value()) {
         params.block_table = block_table->data_ptr<int>();
         params.block_table_batch_stride = block_table->stride(0);
         params.page_block_size = static_cast<int>(k_cache.size(1));
+        params.block_table_cols = static_cast<int>(block_table->size(1));
+        params.num_pages = static_cast<int>(k_cache.size(0));
     }
     // GQA packing (decode.h): the query heads of a KV head become the rows of one tile, by
     // re-striding q/o (one query row, no left window) or in the kernel (up to 64 query rows).

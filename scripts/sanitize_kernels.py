@@ -114,8 +114,34 @@ def prefill_calls():
             run(f"fixed fwd+bwd d{d} s{s}", lambda: out.backward(torch.ones_like(out)))
 
 
+def unchecked_decode_calls():
+    """Out-of-range cache_seqlens, cache_batch_idx, cache_leftpad and block-table entries with the
+    value checks off (as in graph capture): the kernel clamps them (sm80/fwd.cuh SequenceInfo), so
+    memcheck must see no access outside the tensors. CUDA only (the reference indexes with them)."""
+    if DEV != "cuda":
+        return
+    os.environ["FLASH_CUDA_CHECK_VALUES"] = "0"
+    try:
+        b, cap, hk, d = 3, 192, 2, 128
+        k_dense, v_dense = rand(b + 1, cap, hk, d), rand(b + 1, cap, hk, d)
+        q = rand(b, 1, 8, d)
+        seqlens = ints([cap + 50, 77, 10**6])
+        run("unchecked decode contiguous",
+            lambda: flash_cuda.flash_attn_with_kvcache(
+                q, k_dense, v_dense, cache_seqlens=seqlens, cache_batch_idx=ints([10**6, 1, -2]),
+                cache_leftpad=ints([0, 60, -7]), num_splits=3))
+        kp, vp, table = paged(k_dense[:b], v_dense[:b], [cap, 77, 5], 16)
+        table[0, 2], table[2, 0] = 10**6, -5
+        run("unchecked decode page 16",
+            lambda: flash_cuda.flash_attn_with_kvcache(
+                q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=3))
+    finally:
+        del os.environ["FLASH_CUDA_CHECK_VALUES"]
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     decode_calls()
+    unchecked_decode_calls()
     prefill_calls()
     print("ok")

@@ -115,6 +115,20 @@ KEYSPLIT_CASES = [
      dict(num_splits=2, causal=True, pack_gqa=True)),
     ("ks32-d256-sq2-g12-window-split2", torch.bfloat16, 256, 1, 12, 1, 2, 160, None, [150],
      dict(num_splits=2, window=(20, 0), pack_gqa=True)),
+    # d96 tiles (three 32-column atoms: 64 of the 128 threads copy the 16-row Q tile and store
+    # O, tile_io.cuh TileCopy::kActiveThreads) and d80 below them (zero-filled columns 80-95):
+    # 16 and 32 rows, paged, split, a window whose keys fall in one warp's slice, packed rows
+    # past the valid ones, ALiBi + softcap unpacked.
+    ("ks-d96-paged16-sq2-g4-window-split2", torch.float16, 96, 2, 8, 2, 2, 256, 16, [250, 41],
+     dict(num_splits=2, window=(9, 0), pack_gqa=True)),
+    ("ks-d96-g4-split3", torch.bfloat16, 96, 1, 8, 2, 1, 320, None, [311],
+     dict(num_splits=3, pack_gqa=True)),
+    ("ks-d80-mha-alibi-softcap-leftpad", torch.bfloat16, 80, 2, 2, 2, 1, 200, None, [190, 64],
+     dict(num_splits=1, alibi=True, softcap=12.0, leftpad=[5, 0])),
+    ("ks32-d96-mqa-24x1-paged32-split2", torch.bfloat16, 96, 1, 24, 1, 1, 256, 32, [230],
+     dict(num_splits=2, pack_gqa=True)),
+    ("ks32-d80-sq3-g8-causal-empty-rows", torch.float16, 80, 2, 8, 1, 3, 192, None, [190, 2],
+     dict(num_splits=1, causal=True, pack_gqa=True)),
     # The 32-row tile with 128-key blocks (TraitsWide32; on the 1-SM device of tile "keysplit").
     ("ks32w-mqa-b2-paged16-split2", torch.bfloat16, 128, 2, 32, 1, 1, 512, 16, [500, 130],
      dict(num_splits=2, pack_gqa=True)),
@@ -127,7 +141,7 @@ def keysplit_qualifies(case):
     """Whether the key-split tile runs a case (kernels/decode.h uses_keysplit_tile, and a head
     dim with the tile compiled in): at most 32 tile rows after GQA packing."""
     _, _, d, _, h, hk, sq, _, _, _, extra = case
-    if kernel_head_dim(d + (-d) % 8) not in (64, 128, 256):
+    if kernel_head_dim(d + (-d) % 8) not in (64, 96, 128, 256):
         return False
     packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
     return sq * (h // hk if packed else 1) <= 32
@@ -311,6 +325,49 @@ def test_combine_few_splits_kernel_emulated(num_splits, d):
     for i in range(b):
         assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k[i:i + 1, :seqused[i]],
                                v[i:i + 1, :seqused[i]])
+
+
+@pytest.mark.parametrize("paged", (False, True), ids=("contiguous", "paged16"))
+def test_out_of_range_cache_values_read_inside_emulated(paged):
+    """Values the host's value checks reject reach the kernel unchecked in CUDA-graph capture,
+    with FLASH_CUDA_CHECK_VALUES=0 or through a stale kept host copy (and always here: the
+    emulator calls the kernel directly): cache_seqlens past the capacity, cache_batch_idx and
+    block-table entries out of range, a negative cache_leftpad. The kernel clamps them
+    (sm80/fwd.cuh SequenceInfo, PagedKVRows::clamp_page) and reads only inside its tensors (the
+    emulator fails a cp.async source outside them); the result is attention over the clamped
+    values: lengths at most the capacity, rows and pages into range (a negative page entry to the
+    last page), leftpad at least 0."""
+    gen = torch.Generator().manual_seed(17)
+    dtype, d, b, h, hk, capacity = torch.bfloat16, 128, 3, 8, 2, 192
+    page = 16 if paged else None
+    b_cache = b if paged else b + 1
+    k_store, v_store, table, k_dense, v_dense = make_cache(b_cache, capacity, hk, d, dtype, page,
+                                                           gen)
+    seqused = torch.tensor([capacity + 50, 77, 10**6], dtype=torch.int32)
+    lengths = [min(int(n), capacity) for n in seqused]
+    q = torch.randn(b, 1, h, d, generator=gen).to(dtype)
+    kwargs = dict(seqused_k=seqused, num_splits=3, pack_gqa=True)
+    if paged:
+        num_pages = k_store.shape[0]
+        table = table.clone()
+        table[0, 2] = num_pages + 100
+        table[2, 0] = -5
+        kwargs["block_table"] = table
+        clamped = table.clone()
+        clamped[(clamped < 0) | (clamped >= num_pages)] = num_pages - 1
+        seqs = [(k_store[clamped[i].long()].flatten(0, 1)[:lengths[i]],
+                 v_store[clamped[i].long()].flatten(0, 1)[:lengths[i]]) for i in range(b)]
+    else:
+        batch_idx = torch.tensor([7, 1, -2], dtype=torch.int32)
+        leftpad = torch.tensor([0, 60, -7], dtype=torch.int32)
+        kwargs.update(cache_batch_idx=batch_idx, cache_leftpad=leftpad)
+        rows = batch_idx.clamp(0, b_cache - 1).tolist()
+        lefts = leftpad.clamp(min=0).tolist()
+        seqs = [(k_dense[rows[i], lefts[i]:lengths[i]], v_dense[rows[i], lefts[i]:lengths[i]])
+                for i in range(b)]
+    out, lse = run_fwd_emulated(q, k_store, v_store, **kwargs)
+    for i, (k_i, v_i) in enumerate(seqs):
+        assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k_i[None], v_i[None])
 
 
 @pytest.mark.parametrize("page", (16, 64))

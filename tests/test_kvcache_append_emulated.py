@@ -1,6 +1,7 @@
 """The KV-cache append kernel (csrc/kernels/kvcache_append.cuh) run on the CPU (tests/emulation,
 AddressSanitizer build) against the reference: the caches after the append equal the CPU op's
-(csrc/reference/kvcache.cpp) bit for bit, and the rotated q equals the reference's rotary.
+(csrc/reference/kvcache.cpp) bit for bit, the rotated q equals the reference's rotary, and the
+key counts the kernel writes for the attention (seqlens_out) are cache_seqlens + new tokens.
 Covers contiguous/paged caches, cache_batch_idx, strided views, rotary (interleaved, half,
 rotary_dim < d), GQA, new tokens 0/1/5 and the grid-stride loop. Not the GPU's own rounding:
 the device build's PTX (mul/add/sub.rn.f32 without .ftz) is covered by the GPU test.
@@ -22,6 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
 from driver import CUDA_INCLUDE  # noqa: E402
 from kvcache_append_cases import (  # noqa: E402
     case_id, expected_q, make_case, reference_call, rotary_without_seqlens_case, sampled_grid)
+import kvcache_append_driver  # noqa: E402
 from kvcache_append_driver import run_append_emulated  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -40,6 +42,13 @@ def check(case, grid=0):
     assert torch.equal(v_out, v_ref), "v_cache differs from the reference append"
     if q_rot is not None:
         assert torch.equal(q_rot, expected_q(case)), "rotated q differs from the reference"
+    # The attention's key counts, which the kernel writes when it appends (seqlens_out).
+    a = case["args"]
+    s_new = 0 if a["k"] is None else a["k"].shape[1]
+    if s_new > 0 and a["cache_seqlens"] is not None and a["q"].shape[0] > 0:
+        assert torch.equal(kvcache_append_driver.LAST_SEQLENS, a["cache_seqlens"].cpu() + s_new)
+    else:
+        assert kvcache_append_driver.LAST_SEQLENS is None
 
 
 @pytest.mark.parametrize("c", GRID, ids=case_id)

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from api_utils import capture_cuda_graph
+from api_utils import built_head_dims, capture_cuda_graph
 from naive_attention import naive_attention, normalize_window
 
 pytestmark = pytest.mark.gpu
@@ -160,3 +160,56 @@ def test_split_decode_pdl_equals_plain_launch(hk, num_splits, monkeypatch):
         graph.replay()
         out_plain, lse_plain = plain()
         assert torch.equal(out_graph, out_plain) and torch.equal(lse_graph, lse_plain)
+
+
+@needs_cuda
+@pytest.mark.parametrize("paged", (False, True), ids=("contiguous", "paged16"))
+def test_unchecked_out_of_range_values_read_inside(paged, monkeypatch):
+    """With the value checks off (FLASH_CUDA_CHECK_VALUES=0; so too in CUDA-graph capture, or with
+    a stale kept host copy) out-of-range cache_seqlens, cache_batch_idx, cache_leftpad and
+    block-table entries reach the kernel: it clamps them (sm80/fwd.cuh SequenceInfo,
+    PagedKVRows::clamp_page), so the call reads inside its tensors (no illegal address: the
+    values below point megabytes past them) and returns attention over the clamped values."""
+    if 128 not in built_head_dims():
+        pytest.skip("head dim 128 not built")
+    monkeypatch.setenv("FLASH_CUDA_CHECK_VALUES", "0")
+    b, capacity, h, hk, d, dtype = 3, 192, 8, 2, 128, torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    seqlens = [capacity + 50, 77, 10**6]
+    lengths = [min(n, capacity) for n in seqlens]
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=dtype, generator=gen)
+    kwargs = dict(cache_seqlens=torch.tensor(seqlens, dtype=torch.int32, device="cuda"),
+                  num_splits=3)
+    if paged:
+        page, pages = 16, capacity // 16
+        num_pages = b * pages + 2
+        k_cache = torch.randn(num_pages, page, hk, d, device="cuda", dtype=dtype, generator=gen)
+        v_cache = torch.randn_like(k_cache)
+        table = torch.randperm(num_pages, device="cuda", generator=gen)[: b * pages]
+        table = table.view(b, pages).int()
+        table[0, 2], table[2, 0] = 10**6, -5
+        kwargs["block_table"] = table
+        clamped = table.long()
+        clamped[(clamped < 0) | (clamped >= num_pages)] = num_pages - 1
+        seqs = [(k_cache[clamped[i]].flatten(0, 1)[:lengths[i]],
+                 v_cache[clamped[i]].flatten(0, 1)[:lengths[i]]) for i in range(b)]
+    else:
+        k_cache = torch.randn(b + 1, capacity, hk, d, device="cuda", dtype=dtype, generator=gen)
+        v_cache = torch.randn_like(k_cache)
+        rows, lefts = [10**6, 1, -2], [0, 60, -7]
+        kwargs.update(cache_batch_idx=torch.tensor(rows, dtype=torch.int32, device="cuda"),
+                      cache_leftpad=torch.tensor(lefts, dtype=torch.int32, device="cuda"))
+        rows = [min(max(r, 0), b) for r in rows]
+        lefts = [max(x, 0) for x in lefts]
+        seqs = [(k_cache[rows[i], lefts[i]:lengths[i]], v_cache[rows[i], lefts[i]:lengths[i]])
+                for i in range(b)]
+    out, lse = _flash().flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True,
+                                                **kwargs)
+    torch.cuda.synchronize()  # an illegal address would raise here
+    for i, (k_i, v_i) in enumerate(seqs):
+        ref, ref_lse = naive_attention(q[i:i + 1].double(), k_i[None].double(), v_i[None].double())
+        out_pt, _ = naive_attention(q[i:i + 1], k_i[None], v_i[None])
+        err = (out[i:i + 1].double() - ref).abs().max().item()
+        err_pt = (out_pt.double() - ref).abs().max().item()
+        assert err <= 2 * err_pt + 1e-5, f"sequence {i}: max|out-ref| {err:.3e} > 2 * {err_pt:.3e}"
+        assert (lse[i:i + 1] - ref_lse).abs().max().item() < 1e-2

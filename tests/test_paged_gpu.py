@@ -216,13 +216,14 @@ def expects_paged_kernel(case):
 
 
 def check_keysplit_kernel(case, dtype, *, block_n, rows):
-    """Runs a d128 grid case (checked like the grid) under the profiler, which must show exactly
+    """Runs a grid case (checked like the grid) under the profiler, which must show exactly
     one key-split kernel: block_n-key blocks, rows // 16 row slices, and the paged-capable one or
     its twin without the paged path as expects_paged_kernel says."""
     from torch.profiler import ProfilerActivity, profile
 
-    if 128 not in built_head_dims():
-        pytest.skip("head dim 128 not built (FLASH_CUDA_HEADDIMS)")
+    kernel_dim = next(hd for hd in (32, 64, 96, 128, 160, 192, 224, 256) if case[3] <= hd)
+    if kernel_dim not in built_head_dims():
+        pytest.skip(f"head dim {kernel_dim} not built (FLASH_CUDA_HEADDIMS)")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run_case(case, dtype)
         torch.cuda.synchronize()
@@ -245,7 +246,8 @@ def test_kvcache_128key_tile(case, rows):
 
 
 # 64-key key-split steps (short caches of few heads: decode.h plan_key_blocks keeps them off the
-# 128-key tile), every layout: contiguous plain calls run the kernel without the paged path.
+# 128-key tile; d96 / d80 have only 64-key ones), every layout: contiguous plain calls run the
+# kernel without the paged path.
 KEYSPLIT64_CASES = [
     ((1, 1000, 1, 128, 4, "contiguous", "plain", 0), 16),
     ((1, 1000, 0, 128, 4, "leftpad", "causal", 3), 16),
@@ -253,6 +255,10 @@ KEYSPLIT64_CASES = [
     ((1, 1000, 1, 128, 4, "contiguous", "softcap", 0), 16),
     ((1, 1000, 1, 128, 32, "batch_idx", "window", 0), 32),
     ((1, 1000, 1, 128, 32, "paged256", "plain", 0), 32),
+    ((17, 8192, 1, 96, 4, "contiguous", "plain", 0), 16),
+    ((3, 1000, 5, 96, 4, "paged16", "causal", 3), 32),
+    ((1, 1000, 1, 80, 8, "leftpad", "alibi", 0), 16),
+    ((3, 63, 1, 80, 32, "paged32", "window", 16), 32),
 ]
 
 

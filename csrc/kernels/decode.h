@@ -31,14 +31,15 @@ constexpr int kCombineBlocks = 8;
 // 0.97).
 constexpr int kPagedCtasPerSm = 2;
 // The 64-row decode tile (33..64 rows: MQA with 4-8 query tokens; every decode step at head dims
-// without a key-split tile, d96) counts two CTAs per SM on contiguous caches too, at kernel head
-// dims up to 128, where two fit (d128: 112 KB of shared memory each, three stages), but the
-// second CTA per SM may split a cache only down to kDecodeTileSecondCtaMinBlocks key blocks per
-// split (num_splits). Run 69 (bench/NOTES.md session 12), two CTAs per SM against one: 1.05-1.39x
-// on 21 of the 23 cells whose splits kept >= 8 blocks (MQA q4 / q8 b8-b32, d96 GQA b8; 1.00 on
-// the other two), but 0.86-0.98x where they went down to 2-4 blocks from 4-8 (MQA q4 b1 kv32k,
-// q8 b1 kv8k / b8 kv1k, d96 b1 kv8k). With this rule (run 70): MQA q4 / q8 1.06-1.38x on 17
-// cells, d96 1.04-1.24x, the rest unchanged.
+// without a key-split tile, as d96 was until session 18) counts two CTAs per SM on contiguous
+// caches too, at kernel head dims up to 128, where two fit (d128: 112 KB of shared memory
+// each, three stages), but the second CTA per SM may split a cache only down to
+// kDecodeTileSecondCtaMinBlocks key blocks per split (num_splits). Run 69 (bench/NOTES.md
+// session 12), two CTAs per SM against one: 1.05-1.39x on 21 of the 23 cells whose splits kept
+// >= 8 blocks (MQA q4 / q8 b8-b32, d96 GQA b8; 1.00 on the other two), but 0.86-0.98x where
+// they went down to 2-4 blocks from 4-8 (MQA q4 b1 kv32k, q8 b1 kv8k / b8 kv1k, d96 b1 kv8k).
+// With this rule (run 70): MQA q4 / q8 1.06-1.38x on 17 cells, d96 1.04-1.24x, the rest
+// unchanged.
 // Paged calls (two CTAs per SM counted) take the same floor for their second CTA, except on the
 // 16-row key-split tile (paged_floor_blocks). Without it their count cut the 64-row and 32-row
 // tiles' splits to 2-4 blocks where contiguous's keeps 4-8: MQA q4 b1 kv32k page 16 at 0.81x of
@@ -64,8 +65,8 @@ inline bool uses_decode_tile(const FwdParams& p) {
 // (sm80::kHasKeySplitTile: the launcher checks that); 0-9% faster than the 64-row tile on the
 // small decode cells (bench/NOTES.md run 23). FLASH_CUDA_DECODE_KEYSPLIT=0 in the environment
 // (read once per process, host side) keeps every call on the 64-row tile (A/B runs). Same key
-// blocks, stages and CTAs per SM as the 64-row decode tile, so the split count below is
-// unchanged; but see plan_key_blocks for d128.
+// blocks and stages as the 64-row decode tile; its contiguous calls count one CTA per SM where
+// the 64-row tile counts two (split_geometry), and see plan_key_blocks for d128.
 constexpr int kKeySplitMaxRows = 32;
 // Whether the environment variable `name` is set to "0" (the A/B switches below; each caller
 // reads it once per process).
@@ -89,10 +90,12 @@ inline bool uses_keysplit_tile(const FwdParams& p) {
     if (!keysplit_enabled() || !uses_decode_tile(p) || p.p_keep < 1.f) return false;
     return keysplit_rows(p) <= kKeySplitMaxRows;
 }
-// Kernel head dims with a key-split tile compiled in (sm80::kHasKeySplitTile is this). d192
-// would work as well (head dim a multiple of 64); left out to keep the build small.
+// Kernel head dims with a key-split tile compiled in (sm80::kHasKeySplitTile is this): d64, d96
+// (d65-d96 calls: d80 models), d128, d256. d160 / d192 / d224 would work as well; left out to
+// keep the build small.
 constexpr bool has_keysplit_tile(int kernel_head_dim) {
-    return kernel_head_dim == 64 || kernel_head_dim == 128 || kernel_head_dim == 256;
+    return kernel_head_dim == 64 || kernel_head_dim == 96 || kernel_head_dim == 128 ||
+           kernel_head_dim == 256;
 }
 // Kernel head dims with the 128-key key-split tiles compiled in (sm80::kHasWideKeySplitTile is
 // this; d64's key-split tiles already have 128-key blocks).
@@ -234,6 +237,19 @@ inline int paged_floor_blocks(const FwdParams& p) {
     const bool sixteen_rows = decode_tile(p) == DecodeTile::kKeySplit16;
     return paged_floor_enabled() && !sixteen_rows ? kDecodeTileSecondCtaMinBlocks : 0;
 }
+// FLASH_CUDA_DECODE_KEYSPLIT_CTAS=2 in the environment (read once per process; A/B runs) gives
+// the key-split tiles' contiguous calls (Traits / Traits32; the d128 128-key ones count two
+// anyway) the 64-row tile's count: two CTAs per SM at kernel head dims up to 128, the second
+// down to kDecodeTileSecondCtaMinBlocks blocks per split. By default they count one (d64 / d128
+// as measured in runs 23-67; d96 took the key-split tile in session 18, where the 64-row tile
+// it replaces had counted two).
+inline bool keysplit_two_ctas_enabled() {
+    static const bool on = [] {
+        const char* value = std::getenv("FLASH_CUDA_DECODE_KEYSPLIT_CTAS");
+        return value != nullptr && value[0] == '2' && value[1] == '\0';
+    }();
+    return on;
+}
 // The 128-key tile's: 128-key blocks, costs in the 64-row tile's blocks, two CTAs per SM.
 inline SplitGeometry wide_split_geometry(const FwdParams& p) {
     return {kWideKeyBlock, block_n(p.d_rounded), kWideCtasPerSm};
@@ -242,7 +258,8 @@ inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
     if (p.wide_key_blocks) return wide_split_geometry(p);
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm, paged_floor_blocks(p)};
-    if (decode_tile(p) == DecodeTile::kDecode64 && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
+    const bool two_ctas = decode_tile(p) == DecodeTile::kDecode64 || keysplit_two_ctas_enabled();
+    if (two_ctas && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
         return {bn, bn, kDecodeTileCtasPerSm, kDecodeTileSecondCtaMinBlocks};
     }
     return {bn, bn, 1};

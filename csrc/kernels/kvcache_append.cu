@@ -10,9 +10,11 @@ template <typename Element>
 void run_kvcache_append(const KvAppendParams& params, cudaStream_t stream) {
     using namespace kvcache_append;
     const int64_t rows = kv_rows(params) + q_rows(params);
-    if (rows == 0 || params.d == 0) return;
+    const bool seqlens = params.seqlens_out != nullptr && params.b > 0;  // written by block 0
+    if ((rows == 0 || params.d == 0) && !seqlens) return;
     // One warp per row; beyond 2^16 blocks the warps loop (grid-stride).
-    const int64_t blocks = std::min<int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 16);
+    const int64_t blocks =
+        std::clamp<int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, 1 << 16);
     kvcache_append_kernel<Element><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
     FLASH_CUDA_CHECK_LAUNCH();
 }

@@ -165,6 +165,11 @@ __host__ __device__ __forceinline__ int64_t q_rows(const KvAppendParams& p) {
 
 template <typename Element>
 __global__ void __launch_bounds__(kThreads) kvcache_append_kernel(const KvAppendParams p) {
+    if (p.seqlens_out != nullptr && blockIdx.x == 0) {
+        for (int i = threadIdx.x; i < p.b; i += kThreads) {
+            p.seqlens_out[i] = p.cache_seqlens[i] + p.seqlen_new;
+        }
+    }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t n_kv = kv_rows(p), n_rows = n_kv + q_rows(p);
     for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; row < n_rows;

@@ -38,6 +38,9 @@ struct KvAppendParams {
     // int32 (b): where sequence i's new tokens start. nullptr: at `capacity` (no cache_seqlens;
     // only possible without new tokens).
     const int* __restrict__ cache_seqlens;
+    // int32 (b), written (nullptr: not): the attention's key counts cache_seqlens[i] +
+    // seqlen_new (the kernel's block 0 writes them, so the step needs no separate add kernel).
+    int* __restrict__ seqlens_out;
     // int32 (b): cache row of batch i (contiguous caches). nullptr: identity.
     const int* __restrict__ cache_batch_idx;
     // int32 (b, max_blocks) paged caches; nullptr: contiguous.

@@ -91,11 +91,17 @@ struct FwdParams : public QKVParams {
 
     // KV cache: batch i reads cache row cache_batch_idx[i], int32 (b). nullptr: identity.
     int* __restrict__ cache_batch_idx;
+    // Rows of the contiguous cache (k.size(0)): cache_batch_idx is clamped into [0, rows) on the
+    // device (0: no clamp). See sm80/fwd.cuh SequenceInfo on the device-side bounds.
+    int kv_cache_rows;
 
-    // Paged KV cache.
+    // Paged KV cache. block_table_cols and num_pages (k.size(0)) bound the sequence length and
+    // the block-table entries on the device (0: no bound).
     int* __restrict__ block_table;
     int64_t block_table_batch_stride;
     int page_block_size;
+    int block_table_cols;
+    int num_pages;
 
     // Dropout: p_keep = 1 - dropout_p; an element is kept when its 16-bit Philox draw (see
     // philox.cuh) is < p_keep_threshold; kept values are scaled by rp_keep = 1 / p_keep.

@@ -162,12 +162,14 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
         if block_table is not None:
             block_table.int().contiguous().numpy().tofile(tmp / "block_table.bin")
             params["bt_cols"], params["page"] = block_table.shape[1], k.shape[1]
+            params["num_pages"] = k.shape[0]  # the device-side bound of the table's entries
             if varlen:  # paged k/v are 4-d even with varlen q
                 for name, t in (("k", k), ("v", v)):
                     params[f"{name}_batch_stride"] = t.stride(0)
                     params[f"{name}_row_stride"], params[f"{name}_head_stride"] = t.stride(1), t.stride(2)
         if cache_batch_idx is not None:
             cache_batch_idx.int().numpy().tofile(tmp / "cache_batch_idx.bin")
+            params["kv_cache_rows"] = k.shape[0]  # the device-side bound of cache_batch_idx
         if cache_leftpad is not None:
             cache_leftpad.int().numpy().tofile(tmp / "leftpad.bin")
         (tmp / "params.txt").write_text("".join(f"{k_} {v_}\n" for k_, v_ in params.items()))

@@ -299,8 +299,13 @@ int main(int argc, char** argv) {
         p.block_table = reinterpret_cast<int*>(block_table.data);
         p.block_table_batch_stride = geti("bt_cols");
         p.page_block_size = geti("page");
+        p.block_table_cols = geti("bt_cols");
+        p.num_pages = static_cast<int>(geti_or("num_pages", 0));
     }
-    if (has_batch_idx) p.cache_batch_idx = reinterpret_cast<int*>(batch_idx.data);
+    if (has_batch_idx) {
+        p.cache_batch_idx = reinterpret_cast<int*>(batch_idx.data);
+        p.kv_cache_rows = static_cast<int>(geti_or("kv_cache_rows", 0));
+    }
     if (has_leftpad) p.leftpad_k = reinterpret_cast<int*>(leftpad.data);
     // Dropout (dropout_params.h); with the device-pointer path the kernel also writes rng_state.
     int64_t philox_values[2] = {0, 0};

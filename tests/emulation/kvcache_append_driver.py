@@ -52,6 +52,11 @@ def _from_storage(raw: bytes, like: torch.Tensor) -> torch.Tensor:
     return flat.as_strided(like.shape, like.stride())
 
 
+# The kernel's seqlens_out (cache_seqlens + new tokens, int32 (b)) of the last run, or None when
+# the run had no new tokens or no cache_seqlens.
+LAST_SEQLENS = None
+
+
 def run_append_emulated(case, grid: int = 0):
     a = case["args"]
     q, kc, vc = a["q"], a["k_cache"], a["v_cache"]
@@ -92,6 +97,10 @@ def run_append_emulated(case, grid: int = 0):
                        stdout=subprocess.DEVNULL)
         k_out = _from_storage((tmp / "kcache.out.bin").read_bytes(), kc)
         v_out = _from_storage((tmp / "vcache.out.bin").read_bytes(), vc)
+        global LAST_SEQLENS
+        seqlens_file = tmp / "seqlens.out.bin"
+        LAST_SEQLENS = (torch.from_numpy(np.frombuffer(seqlens_file.read_bytes(), dtype=np.int32)
+                                         .copy()) if seqlens_file.exists() else None)
         q_rot = None
         if rotary and q.numel() > 0:
             q_rot = torch.from_numpy(np.frombuffer((tmp / "qrot.bin").read_bytes(), dtype=np.int16)

@@ -6,7 +6,8 @@
 // q: NAME_offset (storage offset, elements). Files: NAME.bin (raw 16-bit storage), cos.bin and
 // sin.bin (16-bit), cache_seqlens.bin, cache_batch_idx.bin, block_table.bin (int32; each
 // optional). Writes kcache.out.bin, vcache.out.bin (the storages after the append) and, with
-// rotary, qrot.bin (contiguous (b, seqlen_q, h, d)). Exit status 0 on success.
+// rotary, qrot.bin (contiguous (b, seqlen_q, h, d)), and with new tokens and cache_seqlens
+// seqlens.out.bin (int32 (b): KvAppendParams::seqlens_out). Exit status 0 on success.
 //
 // The kernel uses no barrier or warp-collective instruction, so the threads of the grid run one
 // after another on one host thread. Inputs are held in exact-size heap buffers (build with
@@ -127,11 +128,19 @@ int main(int argc, char** argv) {
     p.qrot_row_stride = int64_t(p.h) * p.d;
     p.qrot_batch_stride = int64_t(p.seqlen_q) * p.h * p.d;
 
+    // The attention's key counts (cache_seqlens + seqlen_new), as the host asks for them when
+    // it appends; poisoned (-1) first.
+    const bool want_seqlens = p.seqlen_new > 0 && p.cache_seqlens != nullptr && p.b > 0;
+    GuardedBuffer seqlens_out(want_seqlens ? 4 * size_t(p.b) : 0, 0xFF);
+    if (want_seqlens) p.seqlens_out = reinterpret_cast<int*>(seqlens_out.data());
+
     using namespace flash_cuda::kvcache_append;
     const int64_t rows = kv_rows(p) + q_rows(p);
     int64_t blocks = geti("grid");
-    if (blocks <= 0) blocks = std::min<int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 16);
-    if (rows > 0) {
+    if (blocks <= 0) {  // the launcher's choice (kvcache_append.cu)
+        blocks = std::clamp<int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, 1 << 16);
+    }
+    if ((rows > 0 && p.d > 0) || want_seqlens) {
         gridDim = dim3(static_cast<unsigned>(blocks), 1, 1);
         for (int64_t x = 0; x < blocks; ++x) {
             for (int t = 0; t < kThreads; ++t) {
@@ -145,10 +154,12 @@ int main(int argc, char** argv) {
             }
         }
     }
-    if (!kcache.guards_intact() || !vcache.guards_intact() || !qrot.guards_intact()) {
-        std::fprintf(stderr, "emulation error: write outside the caches or qrot\n");
+    if (!kcache.guards_intact() || !vcache.guards_intact() || !qrot.guards_intact() ||
+        !seqlens_out.guards_intact()) {
+        std::fprintf(stderr, "emulation error: write outside the caches, qrot or seqlens_out\n");
         return 1;
     }
+    if (want_seqlens) write_file(dir + "/seqlens.out.bin", seqlens_out.data(), seqlens_out.size);
     write_file(dir + "/kcache.out.bin", kcache.data(), kcache.size);
     write_file(dir + "/vcache.out.bin", vcache.data(), vcache.size);
     if (qrot_elems > 0) write_file(dir + "/qrot.bin", qrot.data(), qrot.size);

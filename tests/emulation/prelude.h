@@ -48,6 +48,8 @@ extern thread_local uint3 blockIdx;
 extern thread_local dim3 gridDim;
 
 inline int min(int a, int b) { return a < b ? a : b; }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline uint32_t min(uint32_t a, uint32_t b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline float __log2f(float x) { return std::log2(x); }
 // Position (1-based) of the least significant set bit, 0 for 0.

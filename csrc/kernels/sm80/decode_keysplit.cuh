@@ -103,8 +103,9 @@ struct FwdKeySplitTraits {
     static constexpr int kMergeOBytes = kNWarps * kDTiles * 32 * 16;  // (leaders' slots unused)
     static constexpr int kMergeBytes = kMergeStatsBytes + kMergeOBytes;
 
-    static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256,
-                  "16-row Q tile copies need 64-element atoms (head dim a multiple of 64)");
+    // At a head dim of 32-column atoms (d96) the 16-row Q tile is copied by 64 of the 128
+    // threads (tile_io.cuh TileCopy::kActiveThreads).
+    static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim: whole 32-column atoms");
     static_assert(kWarpKeys % 16 == 0, "each warp's keys: whole k16 steps, 16-row swizzle steps");
     static_assert(RowSlices >= 1 && kNWarps % RowSlices == 0 && kKeySlices >= 2,
                   "row slices: a divisor of the warps, at least two warps per slice");

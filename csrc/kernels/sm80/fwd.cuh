@@ -54,46 +54,79 @@ struct SequenceInfo {
     int k_pos0;         // paged: cache position of key 0 (cache_leftpad), else 0
 
     __device__ __forceinline__ static SequenceInfo make(const FwdParams& params, int batch) {
+        // The per-sequence integers first, each a predicated load with no branch before it, so
+        // that all are in flight from the kernel's first instructions: the key range, and with
+        // it the first K/V copies, wait on them. (Loaded inside the branches below and after the
+        // grid-coordinate divisions, cache_seqlens was issued 156 instructions into the d128
+        // decode kernel, now 36.)
+        const bool varlen_q = params.cu_seqlens_q != nullptr;
+        const bool varlen_k = params.cu_seqlens_k != nullptr;
+        const int q_start = varlen_q ? params.cu_seqlens_q[batch] : 0;
+        const int q_end = varlen_q ? params.cu_seqlens_q[batch + 1] : 0;
+        const int k_start = varlen_k ? params.cu_seqlens_k[batch] : 0;
+        const int k_end = varlen_k ? params.cu_seqlens_k[batch + 1] : 0;
+        // KV cache: batch entry i reads cache sequence cache_batch_idx[i].
+        const int cache_row =
+            params.cache_batch_idx != nullptr ? params.cache_batch_idx[batch] : batch;
+        const int seqused = params.seqused_k != nullptr ? params.seqused_k[batch] : 0;
+        const int leftpad = params.leftpad_k != nullptr ? params.leftpad_k[batch] : 0;
+
         SequenceInfo info;
-        if (params.cu_seqlens_q != nullptr) {
-            const int start = params.cu_seqlens_q[batch];
-            info.q_start = start;
-            info.seqlen_q = params.cu_seqlens_q[batch + 1] - start;
-            info.q_offset = static_cast<int64_t>(start) * params.q_row_stride;
-            info.o_offset = static_cast<int64_t>(start) * params.o_row_stride;
+        if (varlen_q) {
+            info.q_start = q_start;
+            info.seqlen_q = q_end - q_start;
+            info.q_offset = static_cast<int64_t>(q_start) * params.q_row_stride;
+            info.o_offset = static_cast<int64_t>(q_start) * params.o_row_stride;
         } else {
             info.q_start = 0;
             info.seqlen_q = params.seqlen_q;
             info.q_offset = static_cast<int64_t>(batch) * params.q_batch_stride;
             info.o_offset = static_cast<int64_t>(batch) * params.o_batch_stride;
         }
-        if (params.cu_seqlens_k != nullptr) {
-            const int start = params.cu_seqlens_k[batch];
-            info.seqlen_k = params.cu_seqlens_k[batch + 1] - start;
-            info.k_offset = static_cast<int64_t>(start) * params.k_row_stride;
-            info.v_offset = static_cast<int64_t>(start) * params.v_row_stride;
+        if (varlen_k) {
+            info.seqlen_k = k_end - k_start;
+            info.k_offset = static_cast<int64_t>(k_start) * params.k_row_stride;
+            info.v_offset = static_cast<int64_t>(k_start) * params.v_row_stride;
         } else {
-            // KV cache: batch entry i reads cache sequence cache_batch_idx[i].
-            const int cache_row =
-                params.cache_batch_idx != nullptr ? params.cache_batch_idx[batch] : batch;
+            // KV cache: the cache row, clamped into the cache (see the device-side bounds below).
+            int row = cache_row;
+            if (params.cache_batch_idx != nullptr && params.kv_cache_rows > 0) {
+                row = min(max(row, 0), params.kv_cache_rows - 1);
+            }
             info.seqlen_k = params.seqlen_k;
-            info.k_offset = static_cast<int64_t>(cache_row) * params.k_batch_stride;
-            info.v_offset = static_cast<int64_t>(cache_row) * params.v_batch_stride;
+            info.k_offset = static_cast<int64_t>(row) * params.k_batch_stride;
+            info.v_offset = static_cast<int64_t>(row) * params.v_batch_stride;
         }
-        if (params.seqused_k != nullptr) info.seqlen_k = params.seqused_k[batch];
+        if (params.seqused_k != nullptr) info.seqlen_k = seqused;
+        // Device-side bounds. The host's value checks reject a cache_batch_idx, cache_seqlens,
+        // cache_leftpad or block table that would reach past the cache, but they do not run in
+        // CUDA-graph capture or with FLASH_CUDA_CHECK_VALUES=0, and a stale kept host copy can
+        // miss a bad value: clamped here, such a call reads inside its tensors (its results are
+        // then those of the clamped values, not an error). A paged sequence is at most its
+        // block-table row (block_table_cols pages), a contiguous KV-cache one at most the
+        // capacity (seqlen_k); entries of the table are clamped where they are read
+        // (PagedKVRows::lookup).
+        if (params.block_table != nullptr && params.block_table_cols > 0) {
+            info.seqlen_k = static_cast<int>(
+                min(static_cast<int64_t>(info.seqlen_k),
+                    static_cast<int64_t>(params.block_table_cols) * params.page_block_size));
+        } else if (params.cu_seqlens_k == nullptr) {
+            info.seqlen_k = min(info.seqlen_k, params.seqlen_k);
+        }
+        info.seqlen_k = max(info.seqlen_k, 0);
         // Paged: key positions go through the block table (k/v batch strides are the physical
         // block strides), so the sequence starts at block-table position 0.
         if (params.block_table != nullptr) info.k_offset = info.v_offset = 0;
         info.k_pos0 = 0;
         // KV cache with left padding: keys [leftpad, seqused_k) of the cache row.
         if (params.leftpad_k != nullptr) {
-            const int leftpad = params.leftpad_k[batch];
-            info.seqlen_k -= leftpad;
+            const int pad = min(max(leftpad, 0), info.seqlen_k);
+            info.seqlen_k -= pad;
             if (params.block_table != nullptr) {
-                info.k_pos0 = leftpad;
+                info.k_pos0 = pad;
             } else {
-                info.k_offset += static_cast<int64_t>(leftpad) * params.k_row_stride;
-                info.v_offset += static_cast<int64_t>(leftpad) * params.v_row_stride;
+                info.k_offset += static_cast<int64_t>(pad) * params.k_row_stride;
+                info.v_offset += static_cast<int64_t>(pad) * params.v_row_stride;
             }
         }
         return info;
@@ -220,8 +253,19 @@ template <typename Traits>
 struct PagedKVRows {
     using KVCopy = typename Traits::KVCopy;
     static constexpr int kSteps = KVCopy::kRowSteps;
-    int page[kSteps];         // block_table entry of the row's page (past the valid rows: any)
+    // block_table entry of the row's page (past the valid rows: any), as read: unclamped.
+    int page[kSteps];
     int row_in_page[kSteps];  // the row's position inside its page
+
+    // A block-table entry clamped into [0, num_pages) (one unsigned min: a negative entry is
+    // a large unsigned one; num_pages = 0 leaves it as it is). See SequenceInfo. Applied where
+    // the row address is formed (load_kv_tile), not in lookup: a min right after the table
+    // load would make the warp wait for that load there, a copy before the entry is needed
+    // (paged page-16 steps ran 1-8% slower that way, bench/NOTES.md session 19).
+    __device__ __forceinline__ static int clamp_page(const FwdParams& params, int entry) {
+        return static_cast<int>(min(static_cast<uint32_t>(entry),
+                                    static_cast<uint32_t>(params.num_pages - 1)));
+    }
 
     // This sequence's block-table row (batch = blockIdx.y); the kernel computes it once.
     __device__ __forceinline__ static const int* table_row(const FwdParams& params) {
@@ -247,7 +291,8 @@ struct PagedKVRows {
                 const int pos = pos_first + r * KVCopy::kRowsPerStep;
                 const bool valid = row0 + r * KVCopy::kRowsPerStep < valid_rows;
                 row_in_page[r] = pos & (page_size - 1);
-                page[r] = table[valid ? static_cast<uint32_t>(pos) >> shift : 0u];
+                const uint32_t index = valid ? static_cast<uint32_t>(pos) >> shift : 0u;
+                page[r] = table[index];
             }
             return;
         }
@@ -314,8 +359,9 @@ __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t s
         auto chunk = [&](auto r) {
             const uint64_t row_start = ptx::mad_wide_u32(
                 static_cast<uint32_t>(paged_rows.row_in_page[r]), row_bytes, thread_base);
-            return reinterpret_cast<const Element*>(ptx::mad_wide_u32(
-                static_cast<uint32_t>(paged_rows.page[r]), page_bytes, row_start));
+            const int page = PagedKVRows<Traits>::clamp_page(params, paged_rows.page[r]);
+            return reinterpret_cast<const Element*>(
+                ptx::mad_wide_u32(static_cast<uint32_t>(page), page_bytes, row_start));
         };
         if (whole_tile) {
             KVCopy::template load_async_gather_steps<true>(smem_tile, chunk, valid_rows,
@@ -519,12 +565,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
+    const int batch = blockIdx.y;
+    // The sequence's lengths and offsets first (SequenceInfo::make: its loads head the
+    // prologue's critical path); the grid-coordinate divisions below run while they are in flight.
+    const SequenceInfo seq = SequenceInfo::make(params, batch);
     // Grid coordinates (block_coords: the decode tile orders heads first and has the splits).
     const BlockCoords coords = block_coords<Traits>(params);
     const int split = coords.split;
     // Causal: the last query blocks have the most keys; start them first.
     const int m_block = Causal ? coords.num_m_blocks - 1 - coords.m_index : coords.m_index;
-    const int batch = blockIdx.y;
     const int head = coords.head;
     const int m0 = m_block * kBlockM;  // first query row of this CTA
     if constexpr (IsDropout) write_rng_state(params, tid);
@@ -540,7 +589,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     int seqlen_k;
     bool warp_computes = true;         // false: an idle warp of the decode tile (see the loop)
     {
-        const SequenceInfo seq = SequenceInfo::make(params, batch);
         // GQA packed in the kernel (decode tile): G rows per query position (PackedRow).
         const bool packed = Traits::kPackGQA && params.gqa_pack > 1;
         const int group = packed ? params.gqa_pack : 1;

@@ -88,17 +88,28 @@ struct SwizzledTile {
 // (one atom width: 128 or 64 contiguous global bytes per row) and kRowsPerStep rows; they walk
 // the tile atom by atom and kRowsPerStep rows at a time, so within one call a thread's shared
 // address changes only by compile-time constants.
+// A tile of fewer rows than the threads cover in one step (the key-split decode tile's 16-row Q
+// tile at a head dim of 32-column atoms: 128 threads, 4 per row, would cover 32 rows) is copied
+// by its first kActiveThreads threads; the others return at once (tid >= kActiveThreads), so
+// every method below is called by all threads as usual. Tiles the threads cover evenly compile
+// without that test.
 // Requirements: global tile start and row stride 16-byte aligned (the host makes sure).
 template <typename Tile, int kNThreads>
 struct TileCopy {
     static constexpr int kThreadsPerRow = Tile::kAtomCols / 8;
-    static constexpr int kRowsPerStep = kNThreads / kThreadsPerRow;
+    static constexpr int kRowsPerStep =
+        kNThreads / kThreadsPerRow < Tile::kRows ? kNThreads / kThreadsPerRow : Tile::kRows;
+    static constexpr int kActiveThreads = kRowsPerStep * kThreadsPerRow;
     static constexpr int kRowSteps = Tile::kRows / kRowsPerStep;
     static constexpr int kAtoms = Tile::kCols / Tile::kAtomCols;
     static_assert(kNThreads % kThreadsPerRow == 0 && Tile::kRows % kRowsPerStep == 0,
                   "tile rows must split evenly over the threads");
     static_assert(kRowsPerStep % 16 == 0, "row steps must keep the swizzle pattern");
 
+    // Whether thread tid has no part in the copies (only for a tile shorter than one step).
+    __device__ __forceinline__ static bool idle(int tid) {
+        return kActiveThreads < kNThreads && tid >= kActiveThreads;
+    }
     __device__ __forceinline__ static int thread_row(int tid) { return tid / kThreadsPerRow; }
     __device__ __forceinline__ static int thread_col(int tid) { return (tid % kThreadsPerRow) * 8; }
 
@@ -117,6 +128,7 @@ struct TileCopy {
                                                                   int64_t row_stride,
                                                                   int valid_rows, int valid_cols,
                                                                   int tid) {
+        if (idle(tid)) return;
         const int row = thread_row(tid), col = thread_col(tid);
         const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
         const int64_t step_stride = kRowsPerStep * row_stride;
@@ -140,6 +152,7 @@ struct TileCopy {
     __device__ __forceinline__ static void load_async_full(uint32_t smem_tile,
                                                            const Element* gmem_tile,
                                                            int64_t row_stride, int tid) {
+        if (idle(tid)) return;
         const int row = thread_row(tid), col = thread_col(tid);
         const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
         const Element* gmem_thread = gmem_tile + thread_offset(tid, row_stride);
@@ -192,6 +205,7 @@ struct TileCopy {
                                                                    StepChunkPtr&& chunk_ptr,
                                                                    int valid_rows,
                                                                    int valid_cols, int tid) {
+        if (idle(tid)) return;
         const int row = thread_row(tid), col = thread_col(tid);
         const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
         static_for_each<kRowSteps>([&](auto r) {
@@ -213,6 +227,7 @@ struct TileCopy {
     __device__ __forceinline__ static void store(Element* gmem_tile, int64_t row_stride,
                                                  uint32_t smem_tile, int valid_rows,
                                                  int valid_cols, int tid) {
+        if (idle(tid)) return;
         const int row = thread_row(tid), col = thread_col(tid);
         const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
         Element* gmem_thread = gmem_tile + row * row_stride + col;
@@ -236,6 +251,7 @@ struct TileCopy {
     template <typename Element, typename RowPtr>
     __device__ __forceinline__ static void store_scatter(RowPtr&& row_ptr, uint32_t smem_tile,
                                                          int valid_rows, int valid_cols, int tid) {
+        if (idle(tid)) return;
         const int row = thread_row(tid), col = thread_col(tid);
         const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
         static_for_each<kRowSteps>([&](auto r) {
@@ -256,6 +272,7 @@ struct TileCopy {
     template <typename Element>
     __device__ __forceinline__ static void store_zeros(Element* gmem_tile, int64_t row_stride,
                                                        int valid_rows, int valid_cols, int tid) {
+        if (idle(tid)) return;
         const int row = thread_row(tid), col = thread_col(tid);
         for (int r = 0; r < kRowSteps; ++r) {
             if (row + r * kRowsPerStep >= valid_rows) break;
