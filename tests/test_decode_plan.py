@@ -38,9 +38,9 @@ PINNED = {
     "d128 contiguous q4 h32/1 b1 kv32768": "decode64 kb64 ctas/sm 2 tiles 2 splits 64 ctas 128",
     "d128 contiguous q8 h32/1 b8 kv1024": "decode64 kb64 ctas/sm 2 tiles 32 splits 4 ctas 128",
     "d128 contiguous q4 h32/1 b32 kv1024": "decode64 kb64 ctas/sm 2 tiles 64 splits 4 ctas 256",
-    # Session 18 (branch s18ks96, NOT yet measured): d96 has the key-split tile, counted at one
-    # CTA per SM as d128's 64-key one (runs 69-70 had these cells on the 64-row tile at two:
-    # b8 kv32k 4 splits, 256 CTAs; b1 kv8k 16 splits, 128 CTAs).
+    # Session 19 (call 3): d96 on the key-split tile, counted at one CTA per SM as d128's 64-key
+    # one. Runs 69-70 had these cells on the 64-row tile at two (b8 kv32k 4 splits, 256 CTAs;
+    # b1 kv8k 16 splits, 128 CTAs); call 3: b8 kv32k 3.58 -> 3.70 TB/s, b1 kv8k 1.25 -> 1.30.
     "d96 contiguous q1 h32/8 b8 kv32768": "keysplit16 kb64 ctas/sm 1 tiles 64 splits 2 ctas 128",
     "d96 contiguous q1 h32/8 b1 kv8192": "keysplit16 kb64 ctas/sm 1 tiles 8 splits 16 ctas 128",
     # Run 46 / 57: paged calls count two CTAs per SM; runs 73-74: with the 8-block floor on the

@@ -237,19 +237,6 @@ inline int paged_floor_blocks(const FwdParams& p) {
     const bool sixteen_rows = decode_tile(p) == DecodeTile::kKeySplit16;
     return paged_floor_enabled() && !sixteen_rows ? kDecodeTileSecondCtaMinBlocks : 0;
 }
-// FLASH_CUDA_DECODE_KEYSPLIT_CTAS=2 in the environment (read once per process; A/B runs) gives
-// the key-split tiles' contiguous calls (Traits / Traits32; the d128 128-key ones count two
-// anyway) the 64-row tile's count: two CTAs per SM at kernel head dims up to 128, the second
-// down to kDecodeTileSecondCtaMinBlocks blocks per split. By default they count one (d64 / d128
-// as measured in runs 23-67; d96 took the key-split tile in session 18, where the 64-row tile
-// it replaces had counted two).
-inline bool keysplit_two_ctas_enabled() {
-    static const bool on = [] {
-        const char* value = std::getenv("FLASH_CUDA_DECODE_KEYSPLIT_CTAS");
-        return value != nullptr && value[0] == '2' && value[1] == '\0';
-    }();
-    return on;
-}
 // The 128-key tile's: 128-key blocks, costs in the 64-row tile's blocks, two CTAs per SM.
 inline SplitGeometry wide_split_geometry(const FwdParams& p) {
     return {kWideKeyBlock, block_n(p.d_rounded), kWideCtasPerSm};
@@ -258,8 +245,11 @@ inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
     if (p.wide_key_blocks) return wide_split_geometry(p);
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm, paged_floor_blocks(p)};
-    const bool two_ctas = decode_tile(p) == DecodeTile::kDecode64 || keysplit_two_ctas_enabled();
-    if (two_ctas && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
+    // The key-split tiles' contiguous calls count one CTA per SM (d64 / d128 as measured in
+    // runs 23-67). d96, which took the key-split tile in session 18, too: over the d96 grid
+    // (1 and 4 tokens, bench/NOTES.md session 19) one CTA was 1.023x the 64-row tile it
+    // replaced (geometric mean), two CTAs with the 64-row tile's floor 1.011x.
+    if (decode_tile(p) == DecodeTile::kDecode64 && p.d_rounded <= kDecodeTileTwoCtasMaxHeadDim) {
         return {bn, bn, kDecodeTileCtasPerSm, kDecodeTileSecondCtaMinBlocks};
     }
     return {bn, bn, 1};
