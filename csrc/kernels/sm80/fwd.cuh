@@ -104,8 +104,8 @@ struct SequenceInfo {
         // miss a bad value: clamped here, such a call reads inside its tensors (its results are
         // then those of the clamped values, not an error). A paged sequence is at most its
         // block-table row (block_table_cols pages), a contiguous KV-cache one at most the
-        // capacity (seqlen_k); entries of the table are clamped where they are read
-        // (PagedKVRows::lookup).
+        // capacity (seqlen_k); entries of the table are clamped where a row's address is formed
+        // (PagedKVRows::clamp_page in load_kv_tile).
         if (params.block_table != nullptr && params.block_table_cols > 0) {
             info.seqlen_k = static_cast<int>(
                 min(static_cast<int64_t>(info.seqlen_k),
