@@ -22,24 +22,30 @@ def _flash():
     return flash_cuda
 
 
+def check_sequence(out_i, lse_i, q_i, k_i, v_i, label, **opts):
+    """One sequence (batch 1: q_i, and the keys / values k_i, v_i it sees) against the oracle:
+    the DESIGN.md rule (2x the input-dtype oracle's error, fp64 reference); opts go to
+    naive_attention."""
+    ref, ref_lse = naive_attention(q_i.double(), k_i.double(), v_i.double(), **opts)
+    out_pt, _ = naive_attention(q_i, k_i, v_i, **opts)
+    err = (out_i.double() - ref).abs().max().item()
+    err_pt = (out_pt.double() - ref).abs().max().item()
+    assert err <= 2 * err_pt + 1e-5, f"{label}: max|out-ref| {err:.3e} > 2 * {err_pt:.3e}"
+    assert torch.equal(torch.isposinf(lse_i), torch.isposinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    if finite.any():
+        assert (lse_i[finite] - ref_lse[finite]).abs().max().item() < 1e-2
+
+
 def check_against_oracle(out, lse, q, k_cache, v_cache, lengths, *, causal, window, softcap,
                          alibi_slopes):
-    """Per sequence: the DESIGN.md rule (2x the input-dtype oracle's error, fp64 reference)."""
+    """Per sequence i: check_sequence over the cache's first lengths[i] rows of row i."""
     capacity = k_cache.shape[1]
     left, right = normalize_window(causal, window, capacity)
     for i, n in enumerate(lengths):
-        opts = dict(window=(left, right), normalize=False, softcap=softcap,
-                    alibi_slopes=None if alibi_slopes is None else alibi_slopes)
-        qi, ki, vi = q[i:i + 1], k_cache[i:i + 1, :n], v_cache[i:i + 1, :n]
-        ref, ref_lse = naive_attention(qi.double(), ki.double(), vi.double(), **opts)
-        out_pt, _ = naive_attention(qi, ki, vi, **opts)
-        err = (out[i:i + 1].double() - ref).abs().max().item()
-        err_pt = (out_pt.double() - ref).abs().max().item()
-        assert err <= 2 * err_pt + 1e-5, f"sequence {i}: max|out-ref| {err:.3e} > 2 * {err_pt:.3e}"
-        assert torch.equal(torch.isposinf(lse[i:i + 1]), torch.isposinf(ref_lse))
-        finite = torch.isfinite(ref_lse)
-        if finite.any():
-            assert (lse[i:i + 1][finite] - ref_lse[finite]).abs().max().item() < 1e-2
+        check_sequence(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k_cache[i:i + 1, :n],
+                       v_cache[i:i + 1, :n], f"sequence {i}", window=(left, right),
+                       normalize=False, softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 CASES = [
@@ -207,9 +213,5 @@ def test_unchecked_out_of_range_values_read_inside(paged, monkeypatch):
                                                 **kwargs)
     torch.cuda.synchronize()  # an illegal address would raise here
     for i, (k_i, v_i) in enumerate(seqs):
-        ref, ref_lse = naive_attention(q[i:i + 1].double(), k_i[None].double(), v_i[None].double())
-        out_pt, _ = naive_attention(q[i:i + 1], k_i[None], v_i[None])
-        err = (out[i:i + 1].double() - ref).abs().max().item()
-        err_pt = (out_pt.double() - ref).abs().max().item()
-        assert err <= 2 * err_pt + 1e-5, f"sequence {i}: max|out-ref| {err:.3e} > 2 * {err_pt:.3e}"
-        assert (lse[i:i + 1] - ref_lse).abs().max().item() < 1e-2
+        check_sequence(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k_i[None], v_i[None],
+                       f"sequence {i}")

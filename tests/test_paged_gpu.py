@@ -10,8 +10,10 @@ append. Rotary is the append kernel's part and is not covered here.
 
 import itertools
 import os
+import pathlib
 import random
 import re
+import sys
 import zlib
 
 import pytest
@@ -19,6 +21,9 @@ import torch
 
 from api_utils import built_head_dims, capture_cuda_graph
 from naive_attention import naive_attention, normalize_window
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
+from driver import kernel_head_dim  # noqa: E402  (the kernel head dim serving a head dim)
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -221,7 +226,7 @@ def check_keysplit_kernel(case, dtype, *, block_n, rows):
     its twin without the paged path as expects_paged_kernel says."""
     from torch.profiler import ProfilerActivity, profile
 
-    kernel_dim = next(hd for hd in (32, 64, 96, 128, 160, 192, 224, 256) if case[3] <= hd)
+    kernel_dim = kernel_head_dim(case[3])
     if kernel_dim not in built_head_dims():
         pytest.skip(f"head dim {kernel_dim} not built (FLASH_CUDA_HEADDIMS)")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

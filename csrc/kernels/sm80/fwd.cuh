@@ -291,8 +291,7 @@ struct PagedKVRows {
                 const int pos = pos_first + r * KVCopy::kRowsPerStep;
                 const bool valid = row0 + r * KVCopy::kRowsPerStep < valid_rows;
                 row_in_page[r] = pos & (page_size - 1);
-                const uint32_t index = valid ? static_cast<uint32_t>(pos) >> shift : 0u;
-                page[r] = table[index];
+                page[r] = table[valid ? static_cast<uint32_t>(pos) >> shift : 0u];
             }
             return;
         }
