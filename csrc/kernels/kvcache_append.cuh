@@ -27,6 +27,7 @@
 
 #include "kernels/convert.cuh"
 #include "kernels/kvcache_append.h"
+#include "kernels/ptx.cuh"
 
 namespace flash_cuda {
 namespace kvcache_append {
@@ -165,6 +166,9 @@ __host__ __device__ __forceinline__ int64_t q_rows(const KvAppendParams& p) {
 
 template <typename Element>
 __global__ void __launch_bounds__(kThreads) kvcache_append_kernel(const KvAppendParams p) {
+    // The attention kernel after it may be PDL-launched (FwdParams::launch_pdl): its CTAs may be
+    // scheduled once every CTA of this grid has started; they wait for this grid to complete.
+    ptx::launch_dependents();
     if (p.seqlens_out != nullptr && blockIdx.x == 0) {
         for (int i = threadIdx.x; i < p.b; i += kThreads) {
             p.seqlens_out[i] = p.cache_seqlens[i] + p.seqlen_new;
