@@ -166,9 +166,6 @@ __host__ __device__ __forceinline__ int64_t q_rows(const KvAppendParams& p) {
 
 template <typename Element>
 __global__ void __launch_bounds__(kThreads) kvcache_append_kernel(const KvAppendParams p) {
-    // The attention kernel after it may be PDL-launched (FwdParams::launch_pdl): its CTAs may be
-    // scheduled once every CTA of this grid has started; they wait for this grid to complete.
-    ptx::launch_dependents();
     if (p.seqlens_out != nullptr && blockIdx.x == 0) {
         for (int i = threadIdx.x; i < p.b; i += kThreads) {
             p.seqlens_out[i] = p.cache_seqlens[i] + p.seqlen_new;
@@ -184,6 +181,12 @@ __global__ void __launch_bounds__(kThreads) kvcache_append_kernel(const KvAppend
             rotate_q_row<Element>(p, row - n_kv, lane);
         }
     }
+    // The attention kernel after it may be PDL-launched (FwdParams::launch_pdl): its CTAs may be
+    // scheduled once every CTA of this grid has executed this (they then wait for this grid to
+    // complete). At the end, not the start: with the trigger first, MQA b128 steps (128
+    // attention CTAs planned one per SM, 16 append CTAs; 132 SMs) ran 1.28x slower (run 109),
+    // likely from attention CTAs placed two to an SM while the append CTAs held SMs.
+    ptx::launch_dependents();
 }
 
 }  // namespace kvcache_append
