@@ -192,12 +192,13 @@ bool device_is_sm90(const at::Tensor& t) {
     return compute_capability(t) == std::pair<int, int>{9, 0};
 }
 
-// Split-KV decode launches its combine kernel with programmatic dependent launch on compute
-// capability 9.0 and newer (kernels/params.h combine_pdl); FLASH_CUDA_PDL=0 in the environment
-// (read per call) gives a plain launch, for A/B runs. The combine waits in griddepcontrol.wait,
-// which its binary has whenever it runs on such a device (the build embeds SASS only, and SASS
-// compiled for compute capability 9.0 or newer keeps the instruction; kernels/ptx.cuh).
-bool combine_pdl(const at::Tensor& t) {
+// Programmatic dependent launch on compute capability 9.0 and newer, for split-KV decode's combine
+// kernel (kernels/params.h combine_pdl) and, after a KV-cache append, its attention kernel
+// (launch_pdl); FLASH_CUDA_PDL=0 in the environment (read per call) gives plain launches, for A/B
+// runs. Those kernels wait in griddepcontrol.wait, which their binary has whenever it runs on
+// such a device (the build embeds SASS only, and SASS compiled for compute capability 9.0 or
+// newer keeps the instruction; kernels/ptx.cuh).
+bool use_pdl(const at::Tensor& t) {
     const char* env = std::getenv("FLASH_CUDA_PDL");
     if (env != nullptr && std::string(env) == "0") return false;
     return compute_capability(t).first >= 9;
@@ -702,6 +703,7 @@ namespace {
 struct KvcacheAppended {
     at::Tensor q;       // q, or q rotated (a new contiguous tensor) when rotary is on
     OptTensor seqlens;  // int32 (b): keys per sequence, cache_seqlens + new tokens (or none)
+    bool launched = false;  // the append kernel ran: the attention may be PDL-launched after it
 };
 
 // The append step of fwd_kvcache, one launch of kernels/kvcache_append.cuh on the current
@@ -777,7 +779,7 @@ KvcacheAppended kvcache_append_step(const at::Tensor& q, at::Tensor& k_cache, at
     }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     dispatch_dtype(q.scalar_type(), [&](auto element) {
-        run_kvcache_append<decltype(element)>(p, stream);
+        result.launched = run_kvcache_append<decltype(element)>(p, stream);
     });
     return result;
 }
@@ -842,6 +844,7 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     // re-striding q/o (one query row, no left window) or in the kernel (up to 64 query rows).
     // Not with ALiBi.
     decode::plan_gqa_packing(params);
+    params.launch_pdl = appended.launched && use_pdl(q);  // split-KV tiles only (fwd_launch)
     int num_sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
     decode::plan_key_blocks(params, num_sms);  // d128 16-row tiles: 128-key blocks where they pay
@@ -857,7 +860,7 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
         lse_accum = at::empty({params.num_splits, params.b, params.h, params.seqlen_q}, f32);
         params.oaccum_ptr = out_accum.data_ptr();
         params.softmax_lseaccum_ptr = lse_accum.data_ptr<float>();
-        params.combine_pdl = combine_pdl(q);
+        params.combine_pdl = use_pdl(q);
     }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     dispatch_dtype(q.scalar_type(), [&](auto element) {

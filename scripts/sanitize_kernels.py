@@ -82,6 +82,21 @@ def decode_calls():
                         lambda: flash_cuda.flash_attn_with_kvcache(
                             q, kp, vp, cache_seqlens=seqlens, block_table=table, causal=True,
                             num_splits=splits))
+        # Appending steps (the attention kernel PDL-launched after the append kernel on sm_90):
+        # one new token, rotary on half the head dim, into the caches' free rows.
+        k_new, v_new, q = rand(b, 1, hk, d), rand(b, 1, hk, d), rand(b, 1, 8, d)
+        cos, sin = rand(cap, d // 4), rand(cap, d // 4)
+        room = ints([cap - 1, 77, 5])
+        for splits in (1, 3):
+            run(f"append step d{d} splits {splits} contiguous",
+                lambda: flash_cuda.flash_attn_with_kvcache(
+                    q, k_dense, v_dense, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                    cache_seqlens=room, causal=True, num_splits=splits))
+            kp, vp, table = paged(k_dense, v_dense, lengths, 16)
+            run(f"append step d{d} splits {splits} page 16",
+                lambda: flash_cuda.flash_attn_with_kvcache(
+                    q, kp, vp, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                    cache_seqlens=room, block_table=table, causal=True, num_splits=splits))
 
 
 def prefill_calls():

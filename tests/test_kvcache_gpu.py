@@ -169,6 +169,66 @@ def test_split_decode_pdl_equals_plain_launch(hk, num_splits, monkeypatch):
 
 
 @needs_cuda
+@pytest.mark.parametrize("num_splits", (1, 0), ids=("splits1", "heuristic"))
+@pytest.mark.parametrize("page", (None, 16), ids=("contiguous", "paged16"))
+def test_append_step_pdl_equals_plain_launch(page, num_splits, monkeypatch):
+    """An appending step's attention kernel launched with programmatic dependent launch after the
+    append kernel (the default on sm_90: it may be scheduled while the append runs and waits for
+    it in griddepcontrol.wait) gives the same bits and the same cache as plain launches
+    (FLASH_CUDA_PDL=0): eagerly, and over CUDA-graph replays of a decode loop whose new tokens,
+    rotated queries and key counts change every step (an attention reading them before the append
+    finished would see the previous step's)."""
+    b, capacity, h, hk, d, rotary_dim, dtype = 3, 2048, 32, 8, 128, 64, torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    if page is None:
+        k_cache = torch.randn(b, capacity, hk, d, device="cuda", dtype=dtype, generator=gen)
+        block_table = None
+    else:
+        pages = capacity // page
+        k_cache = torch.randn(b * pages + 5, page, hk, d, device="cuda", dtype=dtype, generator=gen)
+        perm = torch.randperm(k_cache.shape[0], device="cuda", generator=gen)[: b * pages]
+        block_table = perm.view(b, pages).int()
+    v_cache = torch.randn(k_cache.shape, device="cuda", dtype=dtype, generator=gen)
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=dtype, generator=gen)
+    k_new = torch.randn(b, 1, hk, d, device="cuda", dtype=dtype, generator=gen)
+    v_new = torch.randn(b, 1, hk, d, device="cuda", dtype=dtype, generator=gen)
+    angles = torch.rand(capacity, rotary_dim // 2, device="cuda", generator=gen) * 6.3
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    cache_seqlens = torch.tensor([1500, 7, 1100], dtype=torch.int32, device="cuda")
+    flash = _flash()
+
+    def step():
+        return flash.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+            cache_seqlens=cache_seqlens, block_table=block_table, causal=True,
+            num_splits=num_splits, return_softmax_lse=True)
+
+    def compare(run_pdl):
+        """run_pdl() (returning out, lse) against a plain eager step from the same cache."""
+        k_before, v_before = k_cache.clone(), v_cache.clone()
+        out, lse = (t.clone() for t in run_pdl())
+        k_pdl, v_pdl = k_cache.clone(), v_cache.clone()
+        k_cache.copy_(k_before)
+        v_cache.copy_(v_before)
+        monkeypatch.setenv("FLASH_CUDA_PDL", "0")
+        try:
+            out_plain, lse_plain = step()
+        finally:
+            monkeypatch.delenv("FLASH_CUDA_PDL")
+        assert torch.equal(out, out_plain) and torch.equal(lse, lse_plain)
+        assert torch.equal(k_pdl, k_cache) and torch.equal(v_pdl, v_cache)
+        assert not torch.equal(k_pdl, k_before)  # the step appended
+
+    compare(step)
+    graph, (out_graph, lse_graph) = capture_cuda_graph(step)
+    for _ in range(12):
+        cache_seqlens.add_(1)
+        for t in (q, k_new, v_new):
+            t.normal_(generator=gen)
+        compare(lambda: (graph.replay(), (out_graph, lse_graph))[1])
+
+
+@needs_cuda
 @pytest.mark.parametrize("paged", (False, True), ids=("contiguous", "paged16"))
 def test_unchecked_out_of_range_values_read_inside(paged, monkeypatch):
     """With the value checks off (FLASH_CUDA_CHECK_VALUES=0; so too in CUDA-graph capture, or with

@@ -27,6 +27,7 @@
 
 #include "kernels/convert.cuh"
 #include "kernels/kvcache_append.h"
+#include "kernels/ptx.cuh"
 
 namespace flash_cuda {
 namespace kvcache_append {
@@ -180,6 +181,12 @@ __global__ void __launch_bounds__(kThreads) kvcache_append_kernel(const KvAppend
             rotate_q_row<Element>(p, row - n_kv, lane);
         }
     }
+    // The attention kernel after it may be PDL-launched (FwdParams::launch_pdl): its CTAs may be
+    // scheduled once every CTA of this grid has executed this (they then wait for this grid to
+    // complete). At the end, not the start: with the trigger first, MQA b128 steps (128
+    // attention CTAs planned one per SM, 16 append CTAs; 132 SMs) ran 1.28x slower (run 109),
+    // likely from attention CTAs placed two to an SM while the append CTAs held SMs.
+    ptx::launch_dependents();
 }
 
 }  // namespace kvcache_append

@@ -73,7 +73,8 @@ void run_combine_splits(const FwdParams& params, cudaStream_t stream);
 
 // KV-cache append step before attention: new k (rotary applied) and v into the cache (paged or
 // not), and q rotated into params.qrot_ptr when rotary is on. csrc/kernels/kvcache_append.cu.
+// Returns whether it launched the kernel (not when there is nothing to write).
 template <typename Element>
-void run_kvcache_append(const KvAppendParams& params, cudaStream_t stream);
+bool run_kvcache_append(const KvAppendParams& params, cudaStream_t stream);
 
 }  // namespace flash_cuda

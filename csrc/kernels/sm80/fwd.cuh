@@ -553,8 +553,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // Split-KV decode: the combine kernel (launched with programmatic dependent launch on sm_90)
     // may be scheduled as soon as every CTA of this grid has started; it waits for this grid to
-    // complete before reading the partials (combine.cuh).
-    if constexpr (Traits::kSplitKV) ptx::launch_dependents();
+    // complete before reading the partials (combine.cuh). After a KV-cache append this grid may
+    // itself be PDL-launched (FwdParams::launch_pdl): it waits here, before its first global
+    // access, for the append kernel's cache rows, rotated q and key counts (a no-op otherwise).
+    if constexpr (Traits::kSplitKV) {
+        ptx::launch_dependents();
+        ptx::wait_for_prior_grid();
+    }
 
     unsigned char* smem = ptx::dynamic_smem();
     const uint32_t smem_q = ptx::smem_addr(smem);
