@@ -173,11 +173,11 @@ def test_split_decode_pdl_equals_plain_launch(hk, num_splits, monkeypatch):
 @pytest.mark.parametrize("page", (None, 16), ids=("contiguous", "paged16"))
 def test_append_step_pdl_equals_plain_launch(page, num_splits, monkeypatch):
     """An appending step's attention kernel launched with programmatic dependent launch after the
-    append kernel (the default on sm_90: it may be scheduled while the append runs and waits for
-    it in griddepcontrol.wait) gives the same bits and the same cache as plain launches
-    (FLASH_CUDA_PDL=0): eagerly, and over CUDA-graph replays of a decode loop whose new tokens,
-    rotated queries and key counts change every step (an attention reading them before the append
-    finished would see the previous step's)."""
+    append kernel (the default on sm_90: it may be scheduled as the append kernel's CTAs finish,
+    and waits for that grid in griddepcontrol.wait) gives the same bits and the same cache as
+    plain launches (FLASH_CUDA_PDL=0): eagerly, and over CUDA-graph replays of a decode loop whose
+    new tokens, rotated queries and key counts change every step (an attention reading them before
+    the append finished would see the previous step's)."""
     b, capacity, h, hk, d, rotary_dim, dtype = 3, 2048, 32, 8, 128, 64, torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(11)
     if page is None:

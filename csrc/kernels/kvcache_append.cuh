@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) kvcache_append_kernel(const KvAppend
     // The attention kernel after it may be PDL-launched (FwdParams::launch_pdl): its CTAs may be
     // scheduled once every CTA of this grid has executed this (they then wait for this grid to
     // complete). At the end, not the start: with the trigger first, MQA b128 steps (128
-    // attention CTAs planned one per SM, 16 append CTAs; 132 SMs) ran 1.28x slower (run 109),
+    // attention CTAs planned one per SM, 16 append CTAs; 132 SMs) ran 1.20-1.29x slower (run 109),
     // likely from attention CTAs placed two to an SM while the append CTAs held SMs.
     ptx::launch_dependents();
 }

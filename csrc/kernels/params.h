@@ -151,9 +151,10 @@ struct FwdParams : public QKVParams {
     // CTAs run and wait in griddepcontrol.wait (FLASH_CUDA_PDL=0: a plain launch; A/B runs).
     bool combine_pdl;
     // KV-cache step that appended (flash_api.cpp, sm_90 devices): the split-KV attention kernel
-    // is launched with programmatic dependent launch after the append kernel, so its CTAs are
-    // scheduled while the append runs and wait in griddepcontrol.wait before their first global
-    // access (sm80/fwd.cuh). Ignored by the kernels without kSplitKV, which do not wait.
+    // is launched with programmatic dependent launch after the append kernel, so its launch
+    // overlaps the append's last CTAs (kvcache_append.cuh triggers at its end) and its CTAs wait
+    // in griddepcontrol.wait before their first global access (sm80/fwd.cuh). Ignored by the
+    // kernels without kSplitKV, which do not wait.
     bool launch_pdl;
 };
 
