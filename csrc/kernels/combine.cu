@@ -29,18 +29,8 @@ void run_combine_splits(const FwdParams& params, cudaStream_t stream) {
                           : &combine::combine_splits_row_kernel<Element, false, warps()>;
         });
     }
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(plan.blocks));
-    config.blockDim = dim3(plan.threads);
-    config.dynamicSmemBytes = plan.smem_bytes;
-    config.stream = stream;
-    cudaLaunchAttribute pdl[1];
-    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = pdl;
-    config.numAttrs = params.combine_pdl ? 1 : 0;
-    (void)cudaLaunchKernelEx(&config, kernel, params);  // an error is also the runtime's last one
-    FLASH_CUDA_CHECK_LAUNCH();
+    launch_kernel<FwdParams>(kernel, dim3(static_cast<unsigned>(plan.blocks)), dim3(plan.threads),
+                             plan.smem_bytes, stream, params.combine_pdl, params);
 }
 
 template void run_combine_splits<__half>(const FwdParams&, cudaStream_t);

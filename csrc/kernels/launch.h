@@ -41,6 +41,27 @@ inline void reserve_dynamic_smem(Kernel kernel, int bytes, const char* what) {
     }
 }
 
+// kernel<<<grid, block, smem_bytes, stream>>>(params), with programmatic dependent launch when
+// `pdl` (sm_90+: the kernel may start before the previous one in the stream completes, so it must
+// execute griddepcontrol.wait, kernels/ptx.cuh wait_for_prior_grid, before reading what that one
+// wrote). Launch errors become exceptions.
+template <typename Params>
+inline void launch_kernel(void (*kernel)(Params), dim3 grid, dim3 block, int smem_bytes,
+                          cudaStream_t stream, bool pdl, const Params& params) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = pdl ? 1 : 0;
+    (void)cudaLaunchKernelEx(&config, kernel, params);  // an error is also the runtime's last one
+    FLASH_CUDA_CHECK_LAUNCH();
+}
+
 // Portable tensor-core forward (mma.sync, sm80+). Element: __half or __nv_bfloat16.
 // HeadDim: the kernel's head dim (params.d <= HeadDim; inputs are padded to a multiple of 8).
 // Instantiated per (Element, HeadDim, Causal) in csrc/instantiations/ (generate_kernels.py).

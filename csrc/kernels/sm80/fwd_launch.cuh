@@ -52,19 +52,9 @@ void launch_fwd_kernel(FwdParams& params, cudaStream_t stream) {
     const dim3 grid = KernelTraits::kSplitKV
                           ? dim3(grid_heads, params.b, static_cast<unsigned>(m_split_blocks))
                           : dim3(num_m_blocks, params.b, params.h);
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = dim3(KernelTraits::kNThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.stream = stream;
-    // After a KV-cache append: programmatic dependent launch (the kernel waits in fwd.cuh).
-    cudaLaunchAttribute pdl[1];
-    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = pdl;
-    config.numAttrs = KernelTraits::kSplitKV && params.launch_pdl ? 1 : 0;
-    (void)cudaLaunchKernelEx(&config, kernel, params);  // an error is also the runtime's last one
-    FLASH_CUDA_CHECK_LAUNCH();
+    // After a KV-cache append: programmatic dependent launch (the decode tile waits, fwd.cuh).
+    launch_kernel<FwdParams>(kernel, grid, dim3(KernelTraits::kNThreads), kSmemBytes, stream,
+                             KernelTraits::kSplitKV && params.launch_pdl, params);
 }
 
 // Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap variants
