@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "kernels/params.h"
 
@@ -119,12 +120,27 @@ inline bool contiguous_keysplit(const FwdParams& p) {
 // or 32 rows (keysplit_rows), with 64-key blocks or, where plan_key_blocks set wide_key_blocks,
 // 128-key ones; else the 64-row decode tile. The launcher (sm80/fwd_launch.cuh), the CPU
 // emulator (tests/emulation/fwd_emulated.cpp) and scripts/decode_plan.cpp all dispatch on this.
-enum class DecodeTile { kDecode64, kKeySplit16, kKeySplit16Wide, kKeySplit32, kKeySplit32Wide };
+// With params.kv_ring (plan_decode_tile: sm_90) the warp-specialised twins of the key-split
+// tiles (kRing*; sm80/kv_ring.cuh).
+enum class DecodeTile {
+    kDecode64,
+    kKeySplit16,
+    kKeySplit16Wide,
+    kKeySplit32,
+    kKeySplit32Wide,
+    kRing16,
+    kRing16Wide,
+    kRing32,
+    kRing32Wide,
+};
 inline DecodeTile decode_tile(const FwdParams& p) {
     if (!runs_keysplit_tile(p)) return DecodeTile::kDecode64;
-    if (keysplit_rows(p) <= 16) {
-        return p.wide_key_blocks ? DecodeTile::kKeySplit16Wide : DecodeTile::kKeySplit16;
+    const bool sixteen = keysplit_rows(p) <= 16;
+    if (p.kv_ring) {
+        if (sixteen) return p.wide_key_blocks ? DecodeTile::kRing16Wide : DecodeTile::kRing16;
+        return p.wide_key_blocks ? DecodeTile::kRing32Wide : DecodeTile::kRing32;
     }
+    if (sixteen) return p.wide_key_blocks ? DecodeTile::kKeySplit16Wide : DecodeTile::kKeySplit16;
     return p.wide_key_blocks ? DecodeTile::kKeySplit32Wide : DecodeTile::kKeySplit32;
 }
 
@@ -243,6 +259,10 @@ inline SplitGeometry wide_split_geometry(const FwdParams& p) {
 }
 inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
+    // The warp-specialised tiles: one CTA per SM (256 threads of up to 255 registers), paged or
+    // not (the producer warps do the page arithmetic: the compute warps' instructions per block
+    // are those of a contiguous cache).
+    if (p.kv_ring) return {p.wide_key_blocks ? kWideKeyBlock : bn, bn, 1};
     if (p.wide_key_blocks) return wide_split_geometry(p);
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm, paged_floor_blocks(p)};
     // The key-split tiles' contiguous calls count one CTA per SM (d64 / d128 as measured in
@@ -341,6 +361,38 @@ inline void plan_key_blocks(FwdParams& p, int num_sms) {
     }
     const int splits = num_splits(0, tiles, p.seqlen_k, true, wide_split_geometry(p), num_sms);
     p.wide_key_blocks = tiles * splits > num_sms;
+}
+
+// The kvcache op's key-split calls on compute capability 9.0 (sm_90 kernels enabled) at the head
+// dims of has_ring_keysplit_tile run the warp-specialised twins of the key-split tiles
+// (sm80/kv_ring.cuh: 4 producer warps copy K / V into a ring of 6 64-key or 3 128-key slots, the
+// 4 compute warps only compute; one CTA per SM). FLASH_CUDA_DECODE_RING in the environment (read
+// per call): 0 keeps the key-split tiles of plan_key_blocks, 64 / 128 the ring's key block;
+// unset: kDefaultRing.
+enum class RingChoice { kOff, kBlock64, kBlock128 };
+constexpr RingChoice kDefaultRing = RingChoice::kBlock64;
+inline RingChoice ring_choice() {
+    const char* env = std::getenv("FLASH_CUDA_DECODE_RING");
+    if (env == nullptr || env[0] == '\0') return kDefaultRing;
+    const std::string value(env);
+    if (value == "0") return RingChoice::kOff;
+    if (value == "128") return RingChoice::kBlock128;
+    return RingChoice::kBlock64;
+}
+constexpr bool has_ring_keysplit_tile(int kernel_head_dim) { return kernel_head_dim == 128; }
+
+// The kvcache op's tile choice (after plan_gqa_packing, before num_splits): the ring tiles where
+// `ring_device` (an sm_90 GPU with the sm_90 kernels on) and ring_choice() allow, else
+// plan_key_blocks. Shapes only.
+inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
+    p.kv_ring = false;
+    const RingChoice ring = ring_device ? ring_choice() : RingChoice::kOff;
+    if (ring != RingChoice::kOff && has_ring_keysplit_tile(p.d_rounded) && runs_keysplit_tile(p)) {
+        p.kv_ring = true;
+        p.wide_key_blocks = ring == RingChoice::kBlock128;
+        return;
+    }
+    plan_key_blocks(p, num_sms);
 }
 
 }  // namespace decode
