@@ -74,18 +74,20 @@ STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misalig
 
 
 @contextlib.contextmanager
-def env_set(name, value):
-    """The environment variable `name` set to `value` inside the block (flash_cuda reads its
-    switches per call)."""
-    old = os.environ.get(name)
-    os.environ[name] = value
+def env_set(*names_values):
+    """The environment variables name0 = value0, name1 = value1, ... set inside the block
+    (flash_cuda reads its switches per call)."""
+    pairs = list(zip(names_values[::2], names_values[1::2]))
+    old = {name: os.environ.get(name) for name, _ in pairs}
+    os.environ.update(dict(pairs))
     try:
         yield
     finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
+        for name, value in old.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 class Skip(Exception):

@@ -18,12 +18,17 @@ DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 # row at >= 8 splits; combine.cuh), flash_cuda_nopdl the combine launched without programmatic
 # dependent launch (params.h combine_pdl), flash_cuda_ring0 / _ring64 / _ring128 the d128
 # key-split steps without the warp-specialised ring tiles / on their 64-key / 128-key form
-# (FLASH_CUDA_DECODE_RING, kernels/decode.h plan_decode_tile; read per call).
+# (FLASH_CUDA_DECODE_RING, kernels/decode.h plan_decode_tile; read per call), flash_cuda_ilv
+# the split-KV key blocks interleaved across the splits (FLASH_CUDA_DECODE_INTERLEAVE=1),
+# flash_cuda_ring64ilv both. Each value: (VAR, VALUE, VAR, VALUE, ...).
 DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
                     "flash_cuda_nopdl": ("FLASH_CUDA_PDL", "0"),
                     "flash_cuda_ring0": ("FLASH_CUDA_DECODE_RING", "0"),
                     "flash_cuda_ring64": ("FLASH_CUDA_DECODE_RING", "64"),
-                    "flash_cuda_ring128": ("FLASH_CUDA_DECODE_RING", "128")}
+                    "flash_cuda_ring128": ("FLASH_CUDA_DECODE_RING", "128"),
+                    "flash_cuda_ilv": ("FLASH_CUDA_DECODE_INTERLEAVE", "1"),
+                    "flash_cuda_ring64ilv": ("FLASH_CUDA_DECODE_RING", "64",
+                                             "FLASH_CUDA_DECODE_INTERLEAVE", "1")}
 # flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
 # cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
 # append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.

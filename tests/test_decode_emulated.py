@@ -476,3 +476,52 @@ def test_keysplit_switch_leaves_dropout_on_decode64_emulated():
                                      keysplit=keysplit))
         assert "key-split decode tile" not in driver.LAST_STDOUT
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+# Several key blocks per split (so that interleaving changes which blocks a split takes) and
+# splits without a block: 16- and 32-row key-split tiles, the 64-row decode tile (64 packed
+# rows), paged, leftpad, a window.
+INTERLEAVE_CASES = [
+    ("ilv-d128-g4-split3", torch.bfloat16, 128, 2, 8, 2, 1, 1024, None, [1000, 333],
+     dict(num_splits=3, pack_gqa=True)),
+    ("ilv-d128-mqa-paged16-split5-empty", torch.float16, 128, 2, 32, 1, 1, 640, 16, [640, 70],
+     dict(num_splits=5, pack_gqa=True)),
+    ("ilv-d128-sq8-g8-causal-split4", torch.bfloat16, 128, 1, 8, 1, 8, 700, None, [690],
+     dict(num_splits=4, causal=True, pack_gqa=True)),
+    ("ilv-d64-leftpad-window-split3", torch.float16, 64, 2, 4, 2, 1, 1200, None, [1100, 900],
+     dict(num_splits=3, window=(500, 0), pack_gqa=True, leftpad=[40, 0])),
+]
+
+
+@pytest.mark.parametrize("ring", (None, 64), ids=("plain", "ring64"))
+@pytest.mark.parametrize("case", INTERLEAVE_CASES, ids=lambda c: c[0])
+def test_interleaved_splits_emulated(case, ring, monkeypatch):
+    """Split-KV with the key blocks interleaved across the splits (FLASH_CUDA_DECODE_INTERLEAVE=1:
+    split s takes blocks s, s + splits, ...): splits without a block (short sequences), the
+    64-row decode tile, the key-split tiles and (d128) the ring tile, against the oracle."""
+    name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
+    if ring is not None and (kernel_head_dim(d + (-d) % 8) != 128 or not keysplit_qualifies(case)):
+        pytest.skip("the ring tiles take d128 key-split cases only")
+    monkeypatch.setenv("FLASH_CUDA_DECODE_INTERLEAVE", "1")
+    gen = torch.Generator().manual_seed(hash(name) % 2**31)
+    k_store, v_store, block_table, k_dense, v_dense = make_cache(
+        extra.get("cache_batch", b), capacity, hk, d, dtype, page, gen)
+    q = torch.randn(b, sq, h, d, generator=gen).to(dtype)
+    opts = {k_: extra[k_] for k_ in ("window", "softcap") if k_ in extra}
+    if extra.get("causal"):
+        opts["causal"] = True
+    batch_idx, leftpad = extra.get("batch_idx"), extra.get("leftpad")
+    out, lse = run_fwd_emulated(
+        q, k_store, v_store, seqused_k=torch.tensor(seqused, dtype=torch.int32),
+        block_table=block_table,
+        cache_batch_idx=None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32),
+        cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32),
+        num_splits=extra["num_splits"], pack_gqa=extra.get("pack_gqa", False), kvcache_op=True,
+        ring=ring, **opts)
+    assert (", ring" in driver.LAST_STDOUT) == (ring is not None), driver.LAST_STDOUT
+    for i in range(b):
+        row = batch_idx[i] if batch_idx is not None else i
+        lp = leftpad[i] if leftpad is not None else 0
+        assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1],
+                               k_dense[row:row + 1, lp:seqused[i]],
+                               v_dense[row:row + 1, lp:seqused[i]], **opts)

@@ -324,6 +324,32 @@ def test_kvcache_ring_tile(case, rows, ring, monkeypatch):
     check_keysplit_kernel(case, dtype, block_n=ring, rows=rows, ring=True)
 
 
+# Split steps for the interleaved split order: several key blocks per split, splits without
+# one (short sequences), the 64-row decode tile (64 packed rows), every layout.
+INTERLEAVE_CASES = [
+    (3, 8192, 1, 128, 4, "contiguous", "plain", 0),
+    (17, 1000, 1, 128, 8, "paged16", "causal", 3),
+    (1, 8192, 0, 128, 32, "paged256", "plain", 0),
+    (3, 1000, 5, 64, 4, "leftpad", "window", 16),
+    (2, 8192, 1, 256, 1, "batch_idx", "softcap", 0),
+    (3, 1000, 8, 128, 8, "paged64", "causal", 3),
+    (1, 63, 1, 96, 4, "contiguous", "alibi", 16),
+]
+
+
+@needs_cuda
+@pytest.mark.parametrize("ring", ("0", "64"), ids=("plain", "ring64"))
+@pytest.mark.parametrize("case", INTERLEAVE_CASES, ids=case_id)
+def test_interleaved_splits(case, ring, monkeypatch):
+    """Split-KV with the key blocks interleaved across the splits (FLASH_CUDA_DECODE_INTERLEAVE=1;
+    with and without the ring tiles where they run), checked like the grid."""
+    if kernel_head_dim(case[3]) not in built_head_dims():
+        pytest.skip(f"head dim {case[3]} not built (FLASH_CUDA_HEADDIMS)")
+    monkeypatch.setenv("FLASH_CUDA_DECODE_INTERLEAVE", "1")
+    monkeypatch.setenv("FLASH_CUDA_DECODE_RING", ring)
+    run_case(case, torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16)
+
+
 @needs_cuda
 @pytest.mark.parametrize("page", (None, 16, 256))
 @pytest.mark.parametrize("num_splits", (0, 1, 16))

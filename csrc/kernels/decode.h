@@ -370,7 +370,7 @@ inline void plan_key_blocks(FwdParams& p, int num_sms) {
 // per call): 0 keeps the key-split tiles of plan_key_blocks, 64 / 128 the ring's key block;
 // unset: kDefaultRing.
 enum class RingChoice { kOff, kBlock64, kBlock128 };
-constexpr RingChoice kDefaultRing = RingChoice::kBlock64;
+constexpr RingChoice kDefaultRing = RingChoice::kOff;
 inline RingChoice ring_choice() {
     const char* env = std::getenv("FLASH_CUDA_DECODE_RING");
     if (env == nullptr || env[0] == '\0') return kDefaultRing;
@@ -380,6 +380,13 @@ inline RingChoice ring_choice() {
     return RingChoice::kBlock64;
 }
 constexpr bool has_ring_keysplit_tile(int kernel_head_dim) { return kernel_head_dim == 128; }
+
+// Split-KV key blocks interleaved across the splits (FwdParams::interleave_splits):
+// FLASH_CUDA_DECODE_INTERLEAVE=1 in the environment (read per call); off by default.
+inline bool interleave_splits_enabled() {
+    const char* env = std::getenv("FLASH_CUDA_DECODE_INTERLEAVE");
+    return env != nullptr && env[0] == '1' && env[1] == '\0';
+}
 
 // The kvcache op's tile choice (after plan_gqa_packing, before num_splits): the ring tiles where
 // `ring_device` (an sm_90 GPU with the sm_90 kernels on) and ring_choice() allow, else
