@@ -685,6 +685,8 @@ class Bench:
                 retry = self.decode_peer(impl, c, qt, kt, vt, nbytes, repeat=True) if hq != hkv \
                     else None
                 timed(impl, self.decode_peer(impl, c, qt, kt, vt, nbytes), retry)
+            if "flash_cuda_hmajor" in impls:  # the peers' memory layout, flash_cuda's API view
+                timed("flash_cuda_hmajor", flash(caches=(kt.transpose(1, 2), vt.transpose(1, 2))))
         if keep:
             self.check(section, cid, "decode", keep)
 

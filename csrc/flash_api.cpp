@@ -854,7 +854,6 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     params.num_splits = decode::num_splits(static_cast<int>(num_splits), decode::num_tiles(params),
                                            params.seqlen_k, decode::uses_decode_tile(params),
                                            decode::split_geometry(params), num_sms);
-    params.interleave_splits = decode::interleave_splits_enabled();
     // Split-KV workspaces: sizes from shapes only (CUDA-graph capturable).
     at::Tensor out_accum, lse_accum;
     if (params.num_splits > 1) {

@@ -31,9 +31,7 @@ const char* tile_name(const FwdParams& p) {
         case decode::DecodeTile::kKeySplit32: return "keysplit32";
         case decode::DecodeTile::kKeySplit32Wide: return "keysplit32-kv128";
         case decode::DecodeTile::kRing16: return "ring16";
-        case decode::DecodeTile::kRing16Wide: return "ring16-kv128";
         case decode::DecodeTile::kRing32: return "ring32";
-        case decode::DecodeTile::kRing32Wide: return "ring32-kv128";
         case decode::DecodeTile::kDecode64: break;
     }
     return "decode64";

@@ -222,23 +222,23 @@ def test_contiguous_keysplit_same_bits(case):
 # key-split tiles as the host picks them for a 1-SM device, where most d128 key-split tiles take
 # the 128-key blocks; "keysplit-132sms": as the host picks them on the H200 without the ring
 # tiles (these small caches: mostly the 64-key tile); "keysplit-kv64" = the 64-key key-split
-# tile on the cases that would take the 128-key one (FLASH_CUDA_DECODE_KV128=0); "ring64" /
-# "ring128": the warp-specialised ring tiles of an sm_90 GPU (kernels/sm80/kv_ring.cuh, d128),
-# 64-key and 128-key (FLASH_CUDA_DECODE_RING), whose producer warps' copies land in shared
-# memory only when the ring's full barrier completes.
+# tile on the cases that would take the 128-key one (FLASH_CUDA_DECODE_KV128=0); "ring": the
+# warp-specialised ring tiles of an sm_90 GPU (kernels/sm80/kv_ring.cuh, d128;
+# FLASH_CUDA_DECODE_RING=1), whose producer warps' copies land in shared memory only when the
+# ring's full barrier completes.
 @pytest.mark.parametrize("tile", ("decode64", "keysplit", "keysplit-132sms", "keysplit-kv64",
-                                  "ring64", "ring128"))
+                                  "ring"))
 @pytest.mark.parametrize("case", CASES + KEYSPLIT_CASES, ids=lambda c: c[0])
 def test_decode_emulated(case, tile, monkeypatch):
     keysplit = tile != "decode64"
-    ring = int(tile[4:]) if tile.startswith("ring") else None
+    ring = True if tile == "ring" else None
     num_sms = 1 if tile in ("keysplit", "keysplit-kv64") else 132
     d128 = kernel_head_dim(case[2] + (-case[2]) % 8) == 128
     if keysplit and not keysplit_qualifies(case):
         pytest.skip("the key-split tile does not take this case (more than 32 rows or head dim)")
     if tile == "keysplit-132sms" and not d128:
         pytest.skip("only d128 has the 128-key tile")
-    if ring is not None and not d128:
+    if ring and not d128:
         pytest.skip("only d128 has the ring tiles")
     if tile == "keysplit-kv64" and not wide_qualifies(case, num_sms):
         pytest.skip("the 128-key tile does not take this case either")
@@ -270,9 +270,8 @@ def test_decode_emulated(case, tile, monkeypatch):
         num_splits=extra.get("num_splits", 1), pack_gqa=extra.get("pack_gqa", False),
         keysplit=keysplit, kvcache_op=True, num_sms=num_sms, ring=ring, **opts)
     assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
-    assert (", ring" in driver.LAST_STDOUT) == (ring is not None), driver.LAST_STDOUT
-    wide = ring == 128 or (tile in ("keysplit", "keysplit-132sms") and
-                           wide_qualifies(case, num_sms))
+    assert (", ring" in driver.LAST_STDOUT) == bool(ring), driver.LAST_STDOUT
+    wide = tile in ("keysplit", "keysplit-132sms") and wide_qualifies(case, num_sms)
     assert ("128-key blocks" in driver.LAST_STDOUT) == wide, driver.LAST_STDOUT
     contiguous = keysplit and is_contiguous_plain(case)
     assert ("no paged path" in driver.LAST_STDOUT) == contiguous, driver.LAST_STDOUT
@@ -476,52 +475,3 @@ def test_keysplit_switch_leaves_dropout_on_decode64_emulated():
                                      keysplit=keysplit))
         assert "key-split decode tile" not in driver.LAST_STDOUT
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
-
-
-# Several key blocks per split (so that interleaving changes which blocks a split takes) and
-# splits without a block: 16- and 32-row key-split tiles, the 64-row decode tile (64 packed
-# rows), paged, leftpad, a window.
-INTERLEAVE_CASES = [
-    ("ilv-d128-g4-split3", torch.bfloat16, 128, 2, 8, 2, 1, 1024, None, [1000, 333],
-     dict(num_splits=3, pack_gqa=True)),
-    ("ilv-d128-mqa-paged16-split5-empty", torch.float16, 128, 2, 32, 1, 1, 640, 16, [640, 70],
-     dict(num_splits=5, pack_gqa=True)),
-    ("ilv-d128-sq8-g8-causal-split4", torch.bfloat16, 128, 1, 8, 1, 8, 700, None, [690],
-     dict(num_splits=4, causal=True, pack_gqa=True)),
-    ("ilv-d64-leftpad-window-split3", torch.float16, 64, 2, 4, 2, 1, 1200, None, [1100, 900],
-     dict(num_splits=3, window=(500, 0), pack_gqa=True, leftpad=[40, 0])),
-]
-
-
-@pytest.mark.parametrize("ring", (None, 64), ids=("plain", "ring64"))
-@pytest.mark.parametrize("case", INTERLEAVE_CASES, ids=lambda c: c[0])
-def test_interleaved_splits_emulated(case, ring, monkeypatch):
-    """Split-KV with the key blocks interleaved across the splits (FLASH_CUDA_DECODE_INTERLEAVE=1:
-    split s takes blocks s, s + splits, ...): splits without a block (short sequences), the
-    64-row decode tile, the key-split tiles and (d128) the ring tile, against the oracle."""
-    name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
-    if ring is not None and (kernel_head_dim(d + (-d) % 8) != 128 or not keysplit_qualifies(case)):
-        pytest.skip("the ring tiles take d128 key-split cases only")
-    monkeypatch.setenv("FLASH_CUDA_DECODE_INTERLEAVE", "1")
-    gen = torch.Generator().manual_seed(hash(name) % 2**31)
-    k_store, v_store, block_table, k_dense, v_dense = make_cache(
-        extra.get("cache_batch", b), capacity, hk, d, dtype, page, gen)
-    q = torch.randn(b, sq, h, d, generator=gen).to(dtype)
-    opts = {k_: extra[k_] for k_ in ("window", "softcap") if k_ in extra}
-    if extra.get("causal"):
-        opts["causal"] = True
-    batch_idx, leftpad = extra.get("batch_idx"), extra.get("leftpad")
-    out, lse = run_fwd_emulated(
-        q, k_store, v_store, seqused_k=torch.tensor(seqused, dtype=torch.int32),
-        block_table=block_table,
-        cache_batch_idx=None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32),
-        cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32),
-        num_splits=extra["num_splits"], pack_gqa=extra.get("pack_gqa", False), kvcache_op=True,
-        ring=ring, **opts)
-    assert (", ring" in driver.LAST_STDOUT) == (ring is not None), driver.LAST_STDOUT
-    for i in range(b):
-        row = batch_idx[i] if batch_idx is not None else i
-        lp = leftpad[i] if leftpad is not None else 0
-        assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1],
-                               k_dense[row:row + 1, lp:seqused[i]],
-                               v_dense[row:row + 1, lp:seqused[i]], **opts)

@@ -309,45 +309,47 @@ RING_CASES = [
 ]
 
 
+needs_ring_device = pytest.mark.skipif(
+    not torch.cuda.is_available() or not runs_ring_tiles(),
+    reason="the ring tiles run on compute capability 9.0 with the sm90 kernels on")
+
+
 @needs_cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or not runs_ring_tiles(),
-                    reason="the ring tiles run on compute capability 9.0 with the sm90 kernels on")
-@pytest.mark.parametrize("ring", (64, 128))
+@needs_ring_device
 @pytest.mark.parametrize("case,rows", RING_CASES,
                          ids=lambda c: case_id(c) if isinstance(c, tuple) else f"rows{c}")
-def test_kvcache_ring_tile(case, rows, ring, monkeypatch):
-    """The warp-specialised ring tiles (FLASH_CUDA_DECODE_RING=64 / 128): checked like the grid
-    (outputs, lse and the cache after the append), and the profiler must show the ring kernel
-    of that key block (the paged-capable one or its twin as expects_paged_kernel says)."""
-    monkeypatch.setenv("FLASH_CUDA_DECODE_RING", str(ring))
+def test_kvcache_ring_tile(case, rows, monkeypatch):
+    """The warp-specialised ring tiles on every d128 key-split step (FLASH_CUDA_DECODE_RING=1):
+    checked like the grid (outputs, lse and the cache after the append), and the profiler must
+    show the ring kernel (the paged-capable one or its twin as expects_paged_kernel says)."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "1")
     dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
-    check_keysplit_kernel(case, dtype, block_n=ring, rows=rows, ring=True)
+    check_keysplit_kernel(case, dtype, block_n=64, rows=rows, ring=True)
 
 
-# Split steps for the interleaved split order: several key blocks per split, splits without
-# one (short sequences), the 64-row decode tile (64 packed rows), every layout.
-INTERLEAVE_CASES = [
-    (3, 8192, 1, 128, 4, "contiguous", "plain", 0),
-    (17, 1000, 1, 128, 8, "paged16", "causal", 3),
-    (1, 8192, 0, 128, 32, "paged256", "plain", 0),
-    (3, 1000, 5, 64, 4, "leftpad", "window", 16),
-    (2, 8192, 1, 256, 1, "batch_idx", "softcap", 0),
-    (3, 1000, 8, 128, 8, "paged64", "causal", 3),
-    (1, 63, 1, 96, 4, "contiguous", "alibi", 16),
+# The default rule (kernels/decode.h plan_decode_tile): paged 32-row steps whose plain plan puts
+# at most one CTA on each SM take the ring tile; contiguous ones, 16-row ones and paged 32-row
+# ones with more CTAs keep the plain key-split tiles. (case, rows, block_n, ring) on 132 SMs.
+RING_RULE_CASES = [
+    ((1, 8192, 1, 128, 32, "paged16", "plain", 0), 32, 64, True),
+    ((1, 8192, 1, 128, 32, "paged256", "causal", 0), 32, 64, True),
+    ((1, 8192, 1, 128, 32, "contiguous", "plain", 0), 32, 64, False),
+    ((1, 8192, 1, 128, 4, "paged16", "plain", 0), 16, 64, False),
 ]
 
 
 @needs_cuda
-@pytest.mark.parametrize("ring", ("0", "64"), ids=("plain", "ring64"))
-@pytest.mark.parametrize("case", INTERLEAVE_CASES, ids=case_id)
-def test_interleaved_splits(case, ring, monkeypatch):
-    """Split-KV with the key blocks interleaved across the splits (FLASH_CUDA_DECODE_INTERLEAVE=1;
-    with and without the ring tiles where they run), checked like the grid."""
-    if kernel_head_dim(case[3]) not in built_head_dims():
-        pytest.skip(f"head dim {case[3]} not built (FLASH_CUDA_HEADDIMS)")
-    monkeypatch.setenv("FLASH_CUDA_DECODE_INTERLEAVE", "1")
-    monkeypatch.setenv("FLASH_CUDA_DECODE_RING", ring)
-    run_case(case, torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16)
+@needs_ring_device
+@pytest.mark.skipif(torch.cuda.is_available() and
+                    torch.cuda.get_device_properties(0).multi_processor_count != 132,
+                    reason="the cases' plans are those of 132 SMs (the H200)")
+@pytest.mark.parametrize("case,rows,block_n,ring", RING_RULE_CASES,
+                         ids=lambda c: case_id(c) if isinstance(c, tuple) else str(c))
+def test_kvcache_ring_rule(case, rows, block_n, ring, monkeypatch):
+    """Without FLASH_CUDA_DECODE_RING the ring tile runs where the rule says, checked like the
+    grid."""
+    monkeypatch.delenv("FLASH_CUDA_DECODE_RING", raising=False)
+    check_keysplit_kernel(case, torch.bfloat16, block_n=block_n, rows=rows, ring=ring)
 
 
 @needs_cuda

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <string>
 
 #include "kernels/params.h"
 
@@ -120,8 +119,8 @@ inline bool contiguous_keysplit(const FwdParams& p) {
 // or 32 rows (keysplit_rows), with 64-key blocks or, where plan_key_blocks set wide_key_blocks,
 // 128-key ones; else the 64-row decode tile. The launcher (sm80/fwd_launch.cuh), the CPU
 // emulator (tests/emulation/fwd_emulated.cpp) and scripts/decode_plan.cpp all dispatch on this.
-// With params.kv_ring (plan_decode_tile: sm_90) the warp-specialised twins of the key-split
-// tiles (kRing*; sm80/kv_ring.cuh).
+// With params.kv_ring (plan_decode_tile: sm_90) the warp-specialised twins of the 64-key
+// key-split tiles (kRing16, kRing32; sm80/kv_ring.cuh).
 enum class DecodeTile {
     kDecode64,
     kKeySplit16,
@@ -129,17 +128,12 @@ enum class DecodeTile {
     kKeySplit32,
     kKeySplit32Wide,
     kRing16,
-    kRing16Wide,
     kRing32,
-    kRing32Wide,
 };
 inline DecodeTile decode_tile(const FwdParams& p) {
     if (!runs_keysplit_tile(p)) return DecodeTile::kDecode64;
     const bool sixteen = keysplit_rows(p) <= 16;
-    if (p.kv_ring) {
-        if (sixteen) return p.wide_key_blocks ? DecodeTile::kRing16Wide : DecodeTile::kRing16;
-        return p.wide_key_blocks ? DecodeTile::kRing32Wide : DecodeTile::kRing32;
-    }
+    if (p.kv_ring) return sixteen ? DecodeTile::kRing16 : DecodeTile::kRing32;
     if (sixteen) return p.wide_key_blocks ? DecodeTile::kKeySplit16Wide : DecodeTile::kKeySplit16;
     return p.wide_key_blocks ? DecodeTile::kKeySplit32Wide : DecodeTile::kKeySplit32;
 }
@@ -262,7 +256,7 @@ inline SplitGeometry split_geometry(const FwdParams& p) {
     // The warp-specialised tiles: one CTA per SM (256 threads of up to 255 registers), paged or
     // not (the producer warps do the page arithmetic: the compute warps' instructions per block
     // are those of a contiguous cache).
-    if (p.kv_ring) return {p.wide_key_blocks ? kWideKeyBlock : bn, bn, 1};
+    if (p.kv_ring) return {bn, bn, 1};
     if (p.wide_key_blocks) return wide_split_geometry(p);
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm, paged_floor_blocks(p)};
     // The key-split tiles' contiguous calls count one CTA per SM (d64 / d128 as measured in
@@ -363,43 +357,44 @@ inline void plan_key_blocks(FwdParams& p, int num_sms) {
     p.wide_key_blocks = tiles * splits > num_sms;
 }
 
-// The kvcache op's key-split calls on compute capability 9.0 (sm_90 kernels enabled) at the head
-// dims of has_ring_keysplit_tile run the warp-specialised twins of the key-split tiles
-// (sm80/kv_ring.cuh: 4 producer warps copy K / V into a ring of 6 64-key or 3 128-key slots, the
-// 4 compute warps only compute; one CTA per SM). FLASH_CUDA_DECODE_RING in the environment (read
-// per call): 0 keeps the key-split tiles of plan_key_blocks, 64 / 128 the ring's key block;
-// unset: kDefaultRing.
-enum class RingChoice { kOff, kBlock64, kBlock128 };
-constexpr RingChoice kDefaultRing = RingChoice::kOff;
+// The warp-specialised key-split tiles (sm80/kv_ring.cuh: 4 producer warps copy K / V into a
+// ring of 6 64-key slots while the 4 compute warps only compute; one CTA per SM, 256 threads),
+// sm_90 only, at the head dims of has_ring_keysplit_tile. Measured (bench/NOTES.md session 21,
+// runs 116-117) against the plain key-split tiles, the ring is slower on contiguous caches
+// (0.978-0.981 over the one-token grid), and on paged 16-row calls, but takes the page
+// arithmetic off the compute warps of paged 32-row calls (MQA) whose plain plan has at most one
+// CTA per SM, the case where the plain tile's one warp per scheduler issues those instructions
+// itself (run 53): MQA b128 kv1k page 16 1.075-1.086x, b1 kv131k 1.039-1.050x. So the kvcache
+// op takes it there (ring_rule). FLASH_CUDA_DECODE_RING in the environment (read per call): 0
+// never, 1 on every d128 key-split call (A/B runs), unset: the rule.
+enum class RingChoice { kRule, kOff, kAll };
 inline RingChoice ring_choice() {
     const char* env = std::getenv("FLASH_CUDA_DECODE_RING");
-    if (env == nullptr || env[0] == '\0') return kDefaultRing;
-    const std::string value(env);
-    if (value == "0") return RingChoice::kOff;
-    if (value == "128") return RingChoice::kBlock128;
-    return RingChoice::kBlock64;
+    if (env == nullptr || env[0] == '\0') return RingChoice::kRule;
+    return env[0] == '0' && env[1] == '\0' ? RingChoice::kOff : RingChoice::kAll;
 }
 constexpr bool has_ring_keysplit_tile(int kernel_head_dim) { return kernel_head_dim == 128; }
 
-// Split-KV key blocks interleaved across the splits (FwdParams::interleave_splits):
-// FLASH_CUDA_DECODE_INTERLEAVE=1 in the environment (read per call); off by default.
-inline bool interleave_splits_enabled() {
-    const char* env = std::getenv("FLASH_CUDA_DECODE_INTERLEAVE");
-    return env != nullptr && env[0] == '1' && env[1] == '\0';
-}
-
-// The kvcache op's tile choice (after plan_gqa_packing, before num_splits): the ring tiles where
-// `ring_device` (an sm_90 GPU with the sm_90 kernels on) and ring_choice() allow, else
-// plan_key_blocks. Shapes only.
+// The kvcache op's tile choice (after plan_gqa_packing, before num_splits): the key-split tiles
+// of plan_key_blocks, or the ring tiles where `ring_device` (an sm_90 GPU with the sm_90
+// kernels on) and ring_choice() allow: always with kAll, else paged calls on 32-row tiles whose
+// plain plan (the split heuristic's count) puts at most one CTA on each SM. Shapes only.
 inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
     p.kv_ring = false;
+    plan_key_blocks(p, num_sms);
     const RingChoice ring = ring_device ? ring_choice() : RingChoice::kOff;
-    if (ring != RingChoice::kOff && has_ring_keysplit_tile(p.d_rounded) && runs_keysplit_tile(p)) {
-        p.kv_ring = true;
-        p.wide_key_blocks = ring == RingChoice::kBlock128;
+    if (ring == RingChoice::kOff || !has_ring_keysplit_tile(p.d_rounded) ||
+        !runs_keysplit_tile(p)) {
         return;
     }
-    plan_key_blocks(p, num_sms);
+    if (ring == RingChoice::kRule) {
+        if (p.block_table == nullptr || keysplit_rows(p) <= 16) return;
+        const int64_t tiles = num_tiles(p);
+        const int splits = num_splits(0, tiles, p.seqlen_k, true, split_geometry(p), num_sms);
+        if (tiles * splits > num_sms) return;
+    }
+    p.kv_ring = true;
+    p.wide_key_blocks = false;
 }
 
 }  // namespace decode

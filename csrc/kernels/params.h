@@ -132,9 +132,6 @@ struct FwdParams : public QKVParams {
     bool unpadded_lse;  // lse laid out (h, total_q) (varlen)
 
     int num_splits;  // split-KV count (1 = no split)
-    // Split-KV: split s takes key blocks s, s + num_splits, ... of its tile's visible blocks
-    // instead of the s-th contiguous range (kernels/decode.h interleave_splits; sm80/fwd.cuh).
-    bool interleave_splits;
     // GQA packing in the kernel (decode tile, fixed-length q; kernels/decode.h): > 1 = the
     // gqa_pack = h / h_k query heads of a KV head share one CTA, tile row r being query position
     // r / gqa_pack of head kv_head * gqa_pack + r % gqa_pack. 0 or 1: off.

@@ -107,10 +107,10 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     SM count the host's split count and tile choice assume. contig: True / False set
     FLASH_CUDA_DECODE_CONTIG=1 / 0 (the key-split tile's plain calls without a block table on its
     kernel without the paged path; the emulator then prints "no paged path"), None leaves it.
-    ring: 64 or 128 (with kvcache_op) makes the host's tile choice that of an sm_90 GPU with
-    FLASH_CUDA_DECODE_RING set to it: the warp-specialised ring tiles (kernels/sm80/kv_ring.cuh)
-    where decode.h plan_decode_tile takes them (the emulator prints "ring"); None: a GPU
-    without them."""
+    ring: with kvcache_op, True / False make the host's tile choice that of an sm_90 GPU with
+    FLASH_CUDA_DECODE_RING=1 / unset: the warp-specialised ring tiles (kernels/sm80/kv_ring.cuh)
+    on every d128 key-split call / where decode.h plan_decode_tile's rule takes them (the
+    emulator prints "ring" when they ran); None: a GPU without them."""
     global LAST_STDOUT
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
@@ -184,8 +184,10 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
             env["FLASH_CUDA_DECODE_KEYSPLIT"] = "1" if keysplit else "0"
         if contig is not None:
             env["FLASH_CUDA_DECODE_CONTIG"] = "1" if contig else "0"
-        if ring is not None:
-            env["FLASH_CUDA_DECODE_RING"] = str(int(ring))
+        if ring:
+            env["FLASH_CUDA_DECODE_RING"] = "1"
+        elif ring is not None:
+            env.pop("FLASH_CUDA_DECODE_RING", None)
         run = subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout,
                              env=env, stdout=subprocess.PIPE, text=True)
         LAST_STDOUT = run.stdout

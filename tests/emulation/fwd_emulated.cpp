@@ -337,7 +337,6 @@ int main(int argc, char** argv) {
                                                   flash_cuda::decode::num_tiles(p), p.seqlen_k,
                                                   decode_tile, flash_cuda::decode::split_geometry(p),
                                                   num_sms);
-    p.interleave_splits = flash_cuda::decode::interleave_splits_enabled();
     const size_t partial_rows =
         static_cast<size_t>(p.num_splits) * p.b * p.h * std::max(p.seqlen_q, 0);
     GuardedBuffer o_acc(partial_rows * p.d_rounded * 4, 0xFF), lse_acc(partial_rows * 4, 0xFF);

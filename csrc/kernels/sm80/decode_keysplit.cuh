@@ -157,12 +157,11 @@ struct FwdDecodeKeySplitConfig {
     using TraitsWide32 = FwdKeySplitTraits<HeadDim, 128, 1, 2, PagedKV>;
     // sm_90, the kvcache op (kernels/decode.h plan_decode_tile), at the head dims of
     // kHasRingKeySplitTile: the warp-specialised twins (kv_ring.cuh), one CTA per SM, whose
-    // shared memory holds a ring of 6 64-key slots (Ring, Ring32: 196 / 200 KB at d128) or 3
-    // 128-key ones (RingWide, RingWide32: the same bytes).
+    // shared memory holds a ring of 6 64-key slots (196 / 200 KB at d128). A ring of 3 128-key
+    // slots ran at 1.004x this one on the contiguous one-token grid (bench/NOTES.md run 116)
+    // and was dropped.
     using Ring = FwdKeySplitTraits<HeadDim, 64, 6, 1, PagedKV, 4>;
     using Ring32 = FwdKeySplitTraits<HeadDim, 64, 6, 2, PagedKV, 4>;
-    using RingWide = FwdKeySplitTraits<HeadDim, 128, 3, 1, PagedKV, 4>;
-    using RingWide32 = FwdKeySplitTraits<HeadDim, 128, 3, 2, PagedKV, 4>;
 };
 // Head dims with TraitsWide / TraitsWide32 compiled in (kernels/decode.h, whose plan_key_blocks
 // chooses them). At d128 TraitsWide streams 1.1% faster than Traits on the decode steps that
@@ -207,30 +206,16 @@ bool with_keysplit_traits(decode::DecodeTile tile, Fn&& fn) {
                 }
                 break;
             case decode::DecodeTile::kRing16:
-            case decode::DecodeTile::kRing16Wide:
-            case decode::DecodeTile::kRing32:
-            case decode::DecodeTile::kRing32Wide:
                 if constexpr (kHasRingKeySplitTile<HeadDim>) {
-                    switch (tile) {
-                        case decode::DecodeTile::kRing16:
-                            fn("16 rows, ring", type_identity<typename Config::Ring>{},
-                               type_identity<typename Contig::Ring>{});
-                            break;
-                        case decode::DecodeTile::kRing16Wide:
-                            fn("16 rows, 128-key blocks, ring",
-                               type_identity<typename Config::RingWide>{},
-                               type_identity<typename Contig::RingWide>{});
-                            break;
-                        case decode::DecodeTile::kRing32:
-                            fn("32 rows, ring", type_identity<typename Config::Ring32>{},
-                               type_identity<typename Contig::Ring32>{});
-                            break;
-                        default:
-                            fn("32 rows, 128-key blocks, ring",
-                               type_identity<typename Config::RingWide32>{},
-                               type_identity<typename Contig::RingWide32>{});
-                            break;
-                    }
+                    fn("16 rows, ring", type_identity<typename Config::Ring>{},
+                       type_identity<typename Contig::Ring>{});
+                    return true;
+                }
+                break;
+            case decode::DecodeTile::kRing32:
+                if constexpr (kHasRingKeySplitTile<HeadDim>) {
+                    fn("32 rows, ring", type_identity<typename Config::Ring32>{},
+                       type_identity<typename Contig::Ring32>{});
                     return true;
                 }
                 break;

@@ -593,9 +593,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     const int m0 = m_block * kBlockM;  // first query row of this CTA
     if constexpr (IsDropout) write_rng_state(params, tid);
 
-    // The CTA's key blocks, in the order the loop visits them: n_block_top, n_block_top -
-    // n_block_stride, ... (n_iters blocks; see the split-KV note below).
-    int n_block_top, n_block_stride = 1, n_iters;
+    int n_block_min, n_block_max;      // key blocks some row of the tile can see
     // CTA-wide scalars read only now and then in the main loop. They live in shared memory
     // rather than in registers: they derive from global loads (cu_seqlens), so they would take
     // per-thread registers through the whole loop, where the accumulators need every register.
@@ -630,29 +628,15 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         // Keys some row of the tile can see: [key_begin(first row), key_end(last row)).
         const int keys_begin = max(0, mask.key_begin(position(m0)));
         const int keys_end = mask.key_end(position(m0 + valid_q_rows - 1));
-        int n_block_min = keys_begin / kBlockN;
-        int n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
-        // Split-KV: this split's share of those blocks (possibly none): a contiguous range, or
-        // (params.interleave_splits) every num_splits-th block from n_block_min + split, so
-        // that the CTAs of a tile's splits, which run side by side, read neighbouring blocks.
+        n_block_min = keys_begin / kBlockN;
+        n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
+        // Split-KV: this split's share of those blocks (possibly none).
         if (Traits::kSplitKV && params.num_splits > 1 && n_block_max > n_block_min) {
-            const int splits = params.num_splits;
-            if (params.interleave_splits) {
-                const int total = n_block_max - n_block_min;
-                const int count = split < total ? (total - split + splits - 1) / splits : 0;
-                n_block_min += split;
-                n_block_max = n_block_min + (count - 1) * splits + 1;  // past its top block
-                n_block_stride = splits;
-            } else {
-                const int per_split = (n_block_max - n_block_min + splits - 1) / splits;
-                n_block_min += split * per_split;
-                n_block_max = min(n_block_max, n_block_min + per_split);
-            }
+            const int per_split =
+                (n_block_max - n_block_min + params.num_splits - 1) / params.num_splits;
+            n_block_min += split * per_split;
+            n_block_max = min(n_block_max, n_block_min + per_split);
         }
-        n_block_top = n_block_max - 1;
-        n_iters = n_block_max > n_block_min
-                      ? (n_block_max - n_block_min + n_block_stride - 1) / n_block_stride
-                      : 0;
         // Blocks inside every tile row's visible range need no mask: keys [n kBlockN,
         // (n+1) kBlockN) with (n+1) kBlockN <= key_end(first row), n kBlockN >= key_begin(last).
         if (tid == 0) {
@@ -671,7 +655,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         // ---- No visible key for any row of the tile (seqlen_k = 0, causal with seqlen_q >
         // seqlen_k, windows past the end) or an empty split: out = 0, lse = +inf (split: the
         // partial O = 0, lse = -inf, which the combine weighs 0).
-        if (n_iters <= 0) {
+        if (n_block_max <= n_block_min) {
             if (kWarpSpecialized && tid >= Traits::kNThreads) return;  // a producer: no copies
             if (Traits::kSplitKV && params.num_splits > 1) {
                 store_empty_partial<Traits>(params, split, batch, head, m0, valid_q_rows, packed,
@@ -731,7 +715,8 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
                                     [batch * params.alibi_slopes_batch_stride + head];
     }
 
-    // K / V tiles of iteration `it` (key block block_of(it)) into buffer it % kStages.
+    const int n_iters = n_block_max - n_block_min;
+    // K / V tiles of iteration `it` (key block n_block_max - 1 - it) into buffer it % kStages.
     // src: the K/V source (`kv` in the prologue and in the producer warps, its shared copy
     // `cta.kv` in the compute warps' loop). copy_tid: the thread's index among the copying
     // threads (the compute threads, or with producer warps the producer threads).
@@ -742,7 +727,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     const bool paged = Traits::kPagedKV && params.block_table != nullptr;
     PagedKVRows<Traits> paged_rows;
     const int* block_table_row = paged ? PagedKVRows<Traits>::table_row(params) : nullptr;
-    auto block_of = [&](int it) { return n_block_top - it * n_block_stride; };
+    auto block_of = [&](int it) { return n_block_max - 1 - it; };
     auto lookup_pages = [&](int it, const KVSource& src) {
         if (paged) {
             paged_rows.lookup(params, block_table_row, src.pos0, block_of(it),
@@ -834,7 +819,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     // fragments; then l += P 1, dropout and O += P V.
     using PFragments = uint32_t[kMTiles][WarpGemm::kBlockN / 16][4];
     auto block_scores = [&](int it, int slot, PFragments& p_frag) {
-        const int n_block = block_of(it);
+        const int n_block = n_block_max - 1 - it;
         float acc_s[kMTiles][kNTiles][4];  // the key-split tile: the warp's keys
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
@@ -884,7 +869,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         convert_p_to_a_fragments<Element, WarpGemm>(p_frag, acc_s);
     };
     auto block_pv = [&](int it, int slot, PFragments& p_frag) {
-        const int n_block = block_of(it);
+        const int n_block = n_block_max - 1 - it;
         warp_gemm_p_rowsum<Element, WarpGemm>(softmax.row_sum, p_frag);
         if constexpr (IsDropout) {  // on the packed fragments, after the row sums (undropped l)
             apply_dropout(p_frag,
