@@ -54,12 +54,15 @@ PINNED = {
 
 
 # The same on an sm_90 GPU (scripts/decode_plan.cpp ... sm90), where the ring tiles may run
-# (decode.h plan_decode_tile). Session 21 (runs 116-117): paged 32-row steps of at most one CTA
-# per SM in the plain plan take the ring; the rest keep the plain plans above.
+# (decode.h plan_decode_tile). Session 21 (runs 116-118): paged 32-row steps of at most one CTA
+# per SM in the plain plan, with at least 8 key blocks per CTA, take the ring; the rest keep the
+# plain plans above (b1 kv32k and b32 kv1k: 4 blocks per CTA, 0.94-1.00x on the ring).
 PINNED_SM90 = {
     "d128 paged q1 h32/1 b1 kv131072": "ring32 kb64 ctas/sm 1 tiles 1 splits 128 ctas 128",
     "d128 paged q1 h32/1 b128 kv1024": "ring32 kb64 ctas/sm 1 tiles 128 splits 1 ctas 128",
     "d128 paged q1 h32/1 b8 kv8192": "ring32 kb64 ctas/sm 1 tiles 8 splits 16 ctas 128",
+    "d128 paged q1 h32/1 b1 kv32768": "keysplit32 kb64 ctas/sm 2 tiles 1 splits 128 ctas 128",
+    "d128 paged q1 h32/1 b32 kv1024": "keysplit32 kb64 ctas/sm 2 tiles 32 splits 4 ctas 128",
     "d128 paged q1 h32/1 b32 kv8192": "keysplit32 kb64 ctas/sm 2 tiles 32 splits 8 ctas 256",
     "d128 paged q1 h32/8 b8 kv1024": "keysplit16 kb64 ctas/sm 2 tiles 64 splits 4 ctas 256",
     "d128 contiguous q1 h32/1 b1 kv131072":

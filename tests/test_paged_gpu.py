@@ -328,13 +328,16 @@ def test_kvcache_ring_tile(case, rows, monkeypatch):
 
 
 # The default rule (kernels/decode.h plan_decode_tile): paged 32-row steps whose plain plan puts
-# at most one CTA on each SM take the ring tile; contiguous ones, 16-row ones and paged 32-row
-# ones with more CTAs keep the plain key-split tiles. (case, rows, block_n, ring) on 132 SMs.
+# at most one CTA on each SM, with at least 8 key blocks per CTA, take the ring tile; contiguous
+# ones, 16-row ones and paged 32-row ones with shorter splits keep the plain key-split tiles.
+# (case, rows, block_n, ring) on 132 SMs; these MQA cases get one KV head (run_case's draw):
+# 8 tiles, 16 splits of 8 blocks; at b1, 64 splits of 2 blocks.
 RING_RULE_CASES = [
-    ((1, 8192, 1, 128, 32, "paged16", "plain", 0), 32, 64, True),
-    ((1, 8192, 1, 128, 32, "paged256", "causal", 0), 32, 64, True),
-    ((1, 8192, 1, 128, 32, "contiguous", "plain", 0), 32, 64, False),
-    ((1, 8192, 1, 128, 4, "paged16", "plain", 0), 16, 64, False),
+    ((8, 8192, 1, 128, 32, "paged16", "plain", 0), 32, 64, True),
+    ((8, 8192, 1, 128, 32, "paged256", "causal", 0), 32, 64, True),
+    ((1, 8192, 1, 128, 32, "paged16", "plain", 0), 32, 64, False),
+    ((8, 8192, 1, 128, 32, "contiguous", "plain", 0), 32, 64, False),
+    ((8, 8192, 1, 128, 4, "paged16", "plain", 0), 16, 64, False),
 ]
 
 

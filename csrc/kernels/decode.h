@@ -359,14 +359,18 @@ inline void plan_key_blocks(FwdParams& p, int num_sms) {
 
 // The warp-specialised key-split tiles (sm80/kv_ring.cuh: 4 producer warps copy K / V into a
 // ring of 6 64-key slots while the 4 compute warps only compute; one CTA per SM, 256 threads),
-// sm_90 only, at the head dims of has_ring_keysplit_tile. Measured (bench/NOTES.md session 21,
-// runs 116-117) against the plain key-split tiles, the ring is slower on contiguous caches
-// (0.978-0.981 over the one-token grid), and on paged 16-row calls, but takes the page
+// sm_90 only, at the head dims of has_ring_keysplit_tile. Measured against the plain key-split
+// tiles (bench/NOTES.md session 21, runs 116-118), the ring is slower on contiguous caches
+// (0.978-0.981 over the one-token grid) and on paged 16-row calls, but takes the page
 // arithmetic off the compute warps of paged 32-row calls (MQA) whose plain plan has at most one
 // CTA per SM, the case where the plain tile's one warp per scheduler issues those instructions
-// itself (run 53): MQA b128 kv1k page 16 1.075-1.086x, b1 kv131k 1.039-1.050x. So the kvcache
-// op takes it there (ring_rule). FLASH_CUDA_DECODE_RING in the environment (read per call): 0
-// never, 1 on every d128 key-split call (A/B runs), unset: the rule.
+// itself (run 53), if each CTA has kRingMinBlocks key blocks or more to amortise the ring's setup
+// (its barriers, one more hand-off before the first block): page 16 MQA b128 kv1k (16 blocks per
+// CTA) 1.066-1.086x in three runs, b1 kv131k (16) 1.025-1.050x, b8 kv8k (8) 1.004-1.044x; with
+// 4 blocks per CTA b1 kv32k 0.953-0.973x and b32 kv1k 0.941-0.998x. So the kvcache op takes it
+// there (plan_decode_tile). FLASH_CUDA_DECODE_RING in the environment (read per call): 0 never,
+// 1 on every d128 key-split call (A/B runs), unset: the rule.
+constexpr int kRingMinBlocks = 8;
 enum class RingChoice { kRule, kOff, kAll };
 inline RingChoice ring_choice() {
     const char* env = std::getenv("FLASH_CUDA_DECODE_RING");
@@ -378,7 +382,8 @@ constexpr bool has_ring_keysplit_tile(int kernel_head_dim) { return kernel_head_
 // The kvcache op's tile choice (after plan_gqa_packing, before num_splits): the key-split tiles
 // of plan_key_blocks, or the ring tiles where `ring_device` (an sm_90 GPU with the sm_90
 // kernels on) and ring_choice() allow: always with kAll, else paged calls on 32-row tiles whose
-// plain plan (the split heuristic's count) puts at most one CTA on each SM. Shapes only.
+// plain plan (the split heuristic's count) puts at most one CTA on each SM, with at least
+// kRingMinBlocks key blocks per CTA. Shapes only (seqlen_k is the capacity).
 inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
     p.kv_ring = false;
     plan_key_blocks(p, num_sms);
@@ -390,8 +395,10 @@ inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
     if (ring == RingChoice::kRule) {
         if (p.block_table == nullptr || keysplit_rows(p) <= 16) return;
         const int64_t tiles = num_tiles(p);
-        const int splits = num_splits(0, tiles, p.seqlen_k, true, split_geometry(p), num_sms);
-        if (tiles * splits > num_sms) return;
+        const SplitGeometry geometry = split_geometry(p);
+        const int splits = num_splits(0, tiles, p.seqlen_k, true, geometry, num_sms);
+        const int blocks_per_split = key_blocks(p.seqlen_k, geometry.key_block) / splits;
+        if (tiles * splits > num_sms || blocks_per_split < kRingMinBlocks) return;
     }
     p.kv_ring = true;
     p.wide_key_blocks = false;
