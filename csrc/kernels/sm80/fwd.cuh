@@ -814,12 +814,54 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     const int warp_key0 = (warp % Traits::kKeySlices) * Traits::kWarpKeys;
     [[maybe_unused]] KeySplitQFragments<Traits> q_regs;  // key-split tile, d <= 128
 
-    // The math of one key block (iteration `it`, K / V in buffer `slot`), in two parts around
-    // the wait for its V tile: S = Q K^T, softcap / ALiBi / mask, the online softmax and P as A
-    // fragments; then l += P 1, dropout and O += P V.
-    using PFragments = uint32_t[kMTiles][WarpGemm::kBlockN / 16][4];
-    auto block_scores = [&](int it, int slot, PFragments& p_frag) {
+    // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid rows
+    // (1..g real rows of 64 in a decode step) only issues its share of the K/V copies and joins
+    // the main loop's two barriers per key block, in the same order; no math. Its rows are
+    // never stored (the epilogue writes valid rows only). Its barriers are other instructions
+    // than the computing warps', so the main loop's barriers are the unaligned form there.
+    auto block_barrier = [] {
+        if constexpr (Traits::kSkipIdleWarps) {
+            ptx::barrier_sync_unaligned();
+        } else {
+            __syncthreads();
+        }
+    };
+    int compute_iters = n_iters;
+    if (Traits::kSkipIdleWarps && !warp_computes) {
+        for (int it = 0; it < n_iters; ++it) {
+            ptx::cp_async_wait<kGroupsInFlight>();
+            block_barrier();
+            if (it + kStages - 1 < n_iters) load_v(it + kStages - 1, cta.kv);
+            ptx::cp_async_commit();
+            if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
+            ptx::cp_async_wait<kGroupsInFlight>();
+            block_barrier();
+            if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
+            ptx::cp_async_commit();
+        }
+        compute_iters = 0;
+    }
+    // Warp-specialised tile: the compute warps take each block's K and V from the ring
+    // (KVRing::wait_k / wait_v) and hand the slot back after P V; the copies are the producers'.
+    for (int it = 0; it < compute_iters; ++it) {
         const int n_block = n_block_max - 1 - it;
+        const int slot = it % kStages;
+
+        if constexpr (kWarpSpecialized) {
+            ring.wait_k(it);
+        } else {
+            // K of this block has landed (and every warp is done with the buffers refilled
+            // next).
+            ptx::cp_async_wait<kGroupsInFlight>();
+            block_barrier();
+            if (it + kStages - 1 < n_iters) {
+                load_v(it + kStages - 1, cta.kv);
+            }
+            ptx::cp_async_commit();
+            // Paged: the next K block's rows, looked up while this block's scores are computed.
+            if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
+        }
+
         float acc_s[kMTiles][kNTiles][4];  // the key-split tile: the warp's keys
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
@@ -866,10 +908,19 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         }
 
         softmax.update(acc_s, acc_o, log2_scale);
+        uint32_t p_frag[kMTiles][WarpGemm::kBlockN / 16][4];
         convert_p_to_a_fragments<Element, WarpGemm>(p_frag, acc_s);
-    };
-    auto block_pv = [&](int it, int slot, PFragments& p_frag) {
-        const int n_block = n_block_max - 1 - it;
+
+        if constexpr (kWarpSpecialized) {
+            ring.wait_v(it);
+        } else {
+            // V of this block has landed; every warp is done reading this block's K buffer.
+            ptx::cp_async_wait<kGroupsInFlight>();
+            block_barrier();
+            if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
+            ptx::cp_async_commit();
+        }
+
         warp_gemm_p_rowsum<Element, WarpGemm>(softmax.row_sum, p_frag);
         if constexpr (IsDropout) {  // on the packed fragments, after the row sums (undropped l)
             apply_dropout(p_frag,
@@ -880,74 +931,9 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
                                         smem_v + slot * Traits::kSmemKVTileBytes +
                                             Traits::kv_row_byte_offset(warp_key0),
                                         lane);
-    };
-
-    if constexpr (kWarpSpecialized) {
-        // Compute warps: each block's K and V from the ring, the slot handed back after P V.
-        for (int it = 0; it < n_iters; ++it) {
-            const int slot = KVRing<Traits>::slot_of(it);
-            PFragments p_frag;
-            ring.wait_k(it);
-            block_scores(it, slot, p_frag);
-            ring.wait_v(it);
-            block_pv(it, slot, p_frag);
-            ring.release(it, lane);
-        }
-    } else {
-        // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid
-        // rows (1..g real rows of 64 in a decode step) only issues its share of the K/V copies
-        // and joins the main loop's two barriers per key block, in the same order; no math. Its
-        // rows are never stored (the epilogue writes valid rows only). Its barriers are other
-        // instructions than the computing warps', so the main loop's barriers are the unaligned
-        // form there.
-        auto block_barrier = [] {
-            if constexpr (Traits::kSkipIdleWarps) {
-                ptx::barrier_sync_unaligned();
-            } else {
-                __syncthreads();
-            }
-        };
-        int compute_iters = n_iters;
-        if (Traits::kSkipIdleWarps && !warp_computes) {
-            for (int it = 0; it < n_iters; ++it) {
-                ptx::cp_async_wait<kGroupsInFlight>();
-                block_barrier();
-                if (it + kStages - 1 < n_iters) load_v(it + kStages - 1, cta.kv);
-                ptx::cp_async_commit();
-                if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
-                ptx::cp_async_wait<kGroupsInFlight>();
-                block_barrier();
-                if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
-                ptx::cp_async_commit();
-            }
-            compute_iters = 0;
-        }
-        for (int it = 0; it < compute_iters; ++it) {
-            const int slot = it % kStages;
-
-            // K of this block has landed (and every warp is done with the buffers refilled next).
-            ptx::cp_async_wait<kGroupsInFlight>();
-            block_barrier();
-            if (it + kStages - 1 < n_iters) {
-                load_v(it + kStages - 1, cta.kv);
-            }
-            ptx::cp_async_commit();
-            // Paged: the next K block's rows, looked up while this block's scores are computed.
-            if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
-
-            PFragments p_frag;
-            block_scores(it, slot, p_frag);
-
-            // V of this block has landed; every warp is done reading this block's K buffer.
-            ptx::cp_async_wait<kGroupsInFlight>();
-            block_barrier();
-            if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
-            ptx::cp_async_commit();
-
-            block_pv(it, slot, p_frag);
-        }
-        ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway
+        if constexpr (kWarpSpecialized) ring.release(it, lane);
     }
+    ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway
     if constexpr (Traits::kKeySplit) {
         keysplit_merge_warps<Traits>(acc_o, softmax, log2_scale, smem + Traits::kSmemKOffset, warp,
                                      lane);
