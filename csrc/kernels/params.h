@@ -141,8 +141,8 @@ struct FwdParams : public QKVParams {
     // TraitsWide for 16 rows, TraitsWide32 for 32).
     bool wide_key_blocks;
     // The kvcache op's key-split calls on sm_90 that run the warp-specialised tiles (producer
-    // warps fill a ring of K/V slots; kernels/decode.h plan_decode_tile, sm80/kv_ring.cuh);
-    // wide_key_blocks then picks the ring's 128-key blocks over 64-key ones.
+    // warps fill a ring of 64-key K/V slots; kernels/decode.h plan_decode_tile,
+    // sm80/kv_ring.cuh). wide_key_blocks is false with it.
     bool kv_ring;
 
     // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.

@@ -14,6 +14,9 @@
 //   O / l -> shared memory (over the Q tile) -> global with 16-byte stores; lse per row.
 // Key blocks run from the last to the first so the blocks that need masking on the causal
 // diagonal / sequence end come first and the rest run without mask code.
+// The warp-specialised key-split tile (sm_90; Traits::kProducerWarps > 0, kv_ring.cuh) runs the
+// same loop on its compute warps, whose K / V tiles come from producer warps through a ring of
+// mbarrier-tracked slots instead of their own cp.async groups.
 //
 // Tensors (elements; strides from FwdParams, 64-bit offsets):
 //   q (b, seqlen_q, h, d)  or packed (total_q, h, d) with cu_seqlens_q

@@ -18,7 +18,12 @@
 // one warp per scheduler, ~3.9 cycles per issued instruction), and every compute warp issued its
 // share of the copies, the page lookups and two CTA barriers per block. Here the compute warps
 // issue only the math and two mbarrier waits per block, the copies run on the other warp of each
-// scheduler, and the ring keeps up to kStages blocks in flight ahead of the math.
+// scheduler, and the ring keeps up to kStages blocks in flight ahead of the math. Measured
+// (session 21), that pays only where the copies carry the page arithmetic and the plain plan
+// has one CTA per SM (kernels/decode.h plan_decode_tile has the figures): on contiguous caches
+// the ring ran at 0.978-0.981x the plain tiles, and for MQA b1 kv131k ncu gave the ring's kernel
+// 24.0 us against the plain one's 22.2 (both 60-65% of DRAM peak), so the plain tile's steps
+// there are not bound by its copies' instructions.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +61,6 @@ __device__ __forceinline__ void compute_warps_sync() {
 template <typename Traits>
 struct KVRing {
     static constexpr int kStages = Traits::kStages;
-    static constexpr int kBarrierBytes = 3 * kStages * 8;
     uint32_t bars;  // shared address of full_k[0]; then full_v[0..], empty[0..]
 
     __device__ __forceinline__ uint32_t full_k(int slot) const { return bars + 8u * slot; }
