@@ -293,8 +293,8 @@ def test_kvcache_keysplit_kernel(case, rows, monkeypatch):
 
 
 # d128 key-split steps for the warp-specialised ring tiles (kernels/sm80/kv_ring.cuh), 16 and 32
-# rows, every layout and feature, one split, explicit splits and the heuristic's count, sequences
-# shorter than the ring (63 keys: one block) and empty ones; (case, rows of its tiles).
+# rows, every layout and feature, one split, explicit splits and the heuristic's count, and
+# sequences shorter than the ring (63 keys: one block); (case, rows of its tiles).
 RING_CASES = [
     ((1, 8192, 1, 128, 4, "contiguous", "plain", 0), 16),
     ((3, 1000, 1, 128, 8, "paged16", "causal", 0), 16),
