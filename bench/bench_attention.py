@@ -74,18 +74,20 @@ STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misalig
 
 
 @contextlib.contextmanager
-def env_set(name, value):
-    """The environment variable `name` set to `value` inside the block (flash_cuda reads its
-    switches per call)."""
-    old = os.environ.get(name)
-    os.environ[name] = value
+def env_set(*names_values):
+    """The environment variables name0 = value0, name1 = value1, ... set inside the block
+    (flash_cuda reads its switches per call)."""
+    pairs = list(zip(names_values[::2], names_values[1::2]))
+    old = {name: os.environ.get(name) for name, _ in pairs}
+    os.environ.update(dict(pairs))
     try:
         yield
     finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
+        for name, value in old.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 class Skip(Exception):
@@ -683,6 +685,8 @@ class Bench:
                 retry = self.decode_peer(impl, c, qt, kt, vt, nbytes, repeat=True) if hq != hkv \
                     else None
                 timed(impl, self.decode_peer(impl, c, qt, kt, vt, nbytes), retry)
+            if "flash_cuda_hmajor" in impls:  # the peers' memory layout, flash_cuda's API view
+                timed("flash_cuda_hmajor", flash(caches=(kt.transpose(1, 2), vt.transpose(1, 2))))
         if keep:
             self.check(section, cid, "decode", keep)
 

@@ -16,16 +16,24 @@ DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 # Decode-only variants of flash_cuda, each the default call with one environment switch:
 # flash_cuda_cwarp the split combine with a warp per row everywhere (the default takes a CTA per
 # row at >= 8 splits; combine.cuh), flash_cuda_nopdl the combine launched without programmatic
-# dependent launch (params.h combine_pdl).
+# dependent launch (params.h combine_pdl), flash_cuda_ring0 / _ring1 the d128 key-split steps
+# never / always on the warp-specialised ring tiles (FLASH_CUDA_DECODE_RING, kernels/decode.h
+# plan_decode_tile; read per call). Each value: (VAR, VALUE, VAR, VALUE, ...).
+# flash_cuda_hmajor: flash_cuda on caches held head-major, (b, h_kv, s, d) in memory as SDPA's
+# peers get them, passed as (b, s, h_kv, d) views (decode only).
 DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
-                    "flash_cuda_nopdl": ("FLASH_CUDA_PDL", "0")}
+                    "flash_cuda_nopdl": ("FLASH_CUDA_PDL", "0"),
+                    "flash_cuda_ring0": ("FLASH_CUDA_DECODE_RING", "0"),
+                    "flash_cuda_ring1": ("FLASH_CUDA_DECODE_RING", "1")}
 # flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
 # cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
 # append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
-                  "flash_cuda_sm90pp", *DECODE_ENV_IMPLS, "flash_cuda_append"]
+                  "flash_cuda_sm90pp", *DECODE_ENV_IMPLS, "flash_cuda_append",
+                  "flash_cuda_hmajor"]
 # EFFICIENT is no decode peer here
-DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "flash_cuda_append", "cudnn", "fa2", "math")
+DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "flash_cuda_append", "flash_cuda_hmajor",
+                "cudnn", "fa2", "math")
 
 
 def csv_ints(text: str) -> list[int]:

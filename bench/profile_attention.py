@@ -10,6 +10,7 @@ Decode (--decode): one flash_attn_with_kvcache step (one query token, d128 bf16)
 cache held contiguously, then paged with its pages in cache order (the same addresses as the
 contiguous cache), then paged with the pages shuffled, each --page size in turn; all with
 --num-splits, so every launch has the same grid and only the paged address path differs.
+--env-variants repeats the contiguous step once per set of environment switches.
 --cudnn adds the step through SDPA's cuDNN backend (its kernel is named after cuDNN's engine:
 profile without -k, or with a regex that also matches it).
 
@@ -18,6 +19,7 @@ profile without -k, or with a regex that also matches it).
 """
 
 import argparse
+import os
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -51,7 +53,12 @@ def decode(args) -> None:
         flash_cuda.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens,
                                            block_table=block_table, num_splits=args.num_splits)
 
-    step(k_cache, v_cache)
+    for variant in args.env_variants or [""]:
+        # flash_cuda reads its decode switches per call: one contiguous step per variant
+        for pair in filter(None, variant.split(",")):
+            name, value = pair.split("=", 1)
+            os.environ[name] = value
+        step(k_cache, v_cache)
     if args.cudnn:  # the same step through SDPA's cuDNN backend, layout (b, h, s, d)
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k_cache, v_cache))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -84,6 +91,10 @@ def main() -> None:
     p.add_argument("--pages", type=lambda s: [int(x) for x in s.split(",") if x],
                    default=[16, 256], help="decode: page sizes of the paged steps (\"\": none)")
     p.add_argument("--num-splits", type=int, default=1)
+    p.add_argument("--env-variants", type=lambda s: s.split(";"), default=None,
+                   help="decode: one contiguous step per ';'-separated variant, each "
+                        "'VAR=VALUE,VAR=VALUE' set before its step (flash_cuda's switches, read "
+                        "per call), e.g. 'FLASH_CUDA_DECODE_RING=0;FLASH_CUDA_DECODE_RING=64'")
     p.add_argument("--cudnn", action="store_true",
                    help="decode: also the step through SDPA's cuDNN backend (after the "
                         "contiguous flash_cuda step)")

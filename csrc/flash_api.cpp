@@ -847,7 +847,10 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     params.launch_pdl = appended.launched && use_pdl(q);  // split-KV tiles only (fwd_launch)
     int num_sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
-    decode::plan_key_blocks(params, num_sms);  // d128 16-row tiles: 128-key blocks where they pay
+    // d128 key-split calls: 128-key blocks where they pay; on sm_90 (unless FLASH_CUDA_SM90=0,
+    // what an A100 runs) the warp-specialised ring tiles where decode.h's rule takes them.
+    decode::plan_decode_tile(params, num_sms,
+                             device_is_sm90(q) && sm90_mode() != Sm90Mode::kOff);
     params.num_splits = decode::num_splits(static_cast<int>(num_splits), decode::num_tiles(params),
                                            params.seqlen_k, decode::uses_decode_tile(params),
                                            decode::split_geometry(params), num_sms);

@@ -3,10 +3,12 @@
 // tiles and the split count. Host code only (no GPU): ties a benchmark cell to the plan it ran,
 // and shows which cells a rule change moves (diff two outputs).
 //
-//   g++ -std=c++17 -Icsrc scripts/decode_plan.cpp -o /tmp/decode_plan && /tmp/decode_plan [SMS]
+//   g++ -std=c++17 -Icsrc scripts/decode_plan.cpp -o /tmp/decode_plan && /tmp/decode_plan [SMS [sm90]]
 //
-// SMS: the device's SM count (132: the H200). The A/B switches of decode.h
-// (FLASH_CUDA_DECODE_KEYSPLIT, FLASH_CUDA_DECODE_KV128, ...) apply as in the library.
+// SMS: the device's SM count (132: the H200); a second argument "sm90": the plan of a compute
+// capability 9.0 GPU (the warp-specialised ring tiles, decode.h plan_decode_tile), else of an
+// older one. The A/B switches of decode.h (FLASH_CUDA_DECODE_KEYSPLIT, FLASH_CUDA_DECODE_KV128,
+// FLASH_CUDA_DECODE_RING, ...) apply as in the library.
 // One line per cell: "d128 contiguous q1 h32/8 b1 kv1024: keysplit16 kb64 ctas/sm 1 tiles 8
 // splits 8 ctas 64". tests/test_decode_plan.py pins the plans the benchmarks measured.
 #include <cstdint>
@@ -28,13 +30,16 @@ const char* tile_name(const FwdParams& p) {
         case decode::DecodeTile::kKeySplit16Wide: return "keysplit16-kv128";
         case decode::DecodeTile::kKeySplit32: return "keysplit32";
         case decode::DecodeTile::kKeySplit32Wide: return "keysplit32-kv128";
+        case decode::DecodeTile::kRing16: return "ring16";
+        case decode::DecodeTile::kRing32: return "ring32";
         case decode::DecodeTile::kDecode64: break;
     }
     return "decode64";
 }
 
 // flash_api.cpp mha_fwd_kvcache_cuda's host steps for one decode step (no ALiBi, no window).
-void print_plan(int d, int page, int seqlen_q, int h, int h_k, int b, int seqlen_k, int num_sms) {
+void print_plan(int d, int page, int seqlen_q, int h, int h_k, int b, int seqlen_k, int num_sms,
+                bool ring_device) {
     FwdParams p;
     std::memset(&p, 0, sizeof(p));
     p.b = b;
@@ -53,7 +58,7 @@ void print_plan(int d, int page, int seqlen_q, int h, int h_k, int b, int seqlen
     static int fake_table;  // only its presence matters to the plan
     if (page > 0) p.block_table = &fake_table;
     decode::plan_gqa_packing(p);
-    decode::plan_key_blocks(p, num_sms);
+    decode::plan_decode_tile(p, num_sms, ring_device);
     const decode::SplitGeometry geometry = decode::split_geometry(p);
     const int64_t tiles = decode::num_tiles(p);
     const int splits = decode::num_splits(0, tiles, p.seqlen_k, decode::uses_decode_tile(p),
@@ -68,6 +73,7 @@ void print_plan(int d, int page, int seqlen_q, int h, int h_k, int b, int seqlen
 
 int main(int argc, char** argv) {
     const int num_sms = argc > 1 ? std::atoi(argv[1]) : 132;
+    const bool ring_device = argc > 2 && std::strcmp(argv[2], "sm90") == 0;
     constexpr double kMaxBytes = 40e9;  // bench_plan.py DECODE_GRID_MAX_GB: larger cells skipped
     for (int d : {64, 96, 128, 256}) {
         for (int page : {0, 16}) {
@@ -76,7 +82,8 @@ int main(int argc, char** argv) {
                     for (int b : {1, 8, 32, 128}) {
                         for (int seqlen_k : {1024, 8192, 32768, 131072}) {
                             if (2.0 * b * seqlen_k * h_k * d * 2 > kMaxBytes) continue;
-                            print_plan(d, page, seqlen_q, 32, h_k, b, seqlen_k, num_sms);
+                            print_plan(d, page, seqlen_q, 32, h_k, b, seqlen_k, num_sms,
+                                       ring_device);
                         }
                     }
                 }

@@ -63,8 +63,8 @@ def paged(k_dense, v_dense, lengths, page):
     return kp, vp, table.to(DEV)
 
 
-def decode_calls():
-    for d in (64, 80, 128, 256):  # 80: a head dim below its tile width (96)
+def decode_calls(head_dims=(64, 80, 128, 256)):  # 80: a head dim below its tile width (96)
+    for d in head_dims:
         b, hk, cap = 3, 2, 320  # a multiple of every page size below
         lengths = [cap, 77, 5]  # one full (its last row is the cache's last row), two ragged
         k_dense, v_dense = rand(b, cap, hk, d), rand(b, cap, hk, d)
@@ -154,9 +154,21 @@ def unchecked_decode_calls():
         del os.environ["FLASH_CUDA_CHECK_VALUES"]
 
 
+def ring_decode_calls():
+    """The d128 decode and unchecked calls again with FLASH_CUDA_DECODE_RING=1: every key-split
+    step on the warp-specialised ring tiles (sm_90; kernels/sm80/kv_ring.cuh)."""
+    os.environ["FLASH_CUDA_DECODE_RING"] = "1"
+    try:
+        decode_calls(head_dims=(128,))
+        unchecked_decode_calls()
+    finally:
+        del os.environ["FLASH_CUDA_DECODE_RING"]
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     decode_calls()
     unchecked_decode_calls()
+    ring_decode_calls()
     prefill_calls()
     print("ok")

@@ -220,19 +220,26 @@ def test_contiguous_keysplit_same_bits(case):
 
 # tile: "decode64" = the 64-row decode tile (FLASH_CUDA_DECODE_KEYSPLIT=0); "keysplit" = the
 # key-split tiles as the host picks them for a 1-SM device, where most d128 key-split tiles take
-# the 128-key blocks; "keysplit-132sms": as the host picks them on the H200 (these small
-# caches: mostly the 64-key tile); "keysplit-kv64" = the 64-key key-split tile on the cases that
-# would take the 128-key one (FLASH_CUDA_DECODE_KV128=0).
-@pytest.mark.parametrize("tile", ("decode64", "keysplit", "keysplit-132sms", "keysplit-kv64"))
+# the 128-key blocks; "keysplit-132sms": as the host picks them on the H200 without the ring
+# tiles (these small caches: mostly the 64-key tile); "keysplit-kv64" = the 64-key key-split
+# tile on the cases that would take the 128-key one (FLASH_CUDA_DECODE_KV128=0); "ring": the
+# warp-specialised ring tiles of an sm_90 GPU (kernels/sm80/kv_ring.cuh, d128;
+# FLASH_CUDA_DECODE_RING=1), whose producer warps' copies land in shared memory only when the
+# ring's full barrier completes.
+@pytest.mark.parametrize("tile", ("decode64", "keysplit", "keysplit-132sms", "keysplit-kv64",
+                                  "ring"))
 @pytest.mark.parametrize("case", CASES + KEYSPLIT_CASES, ids=lambda c: c[0])
 def test_decode_emulated(case, tile, monkeypatch):
     keysplit = tile != "decode64"
+    ring = True if tile == "ring" else None
     num_sms = 1 if tile in ("keysplit", "keysplit-kv64") else 132
     d128 = kernel_head_dim(case[2] + (-case[2]) % 8) == 128
     if keysplit and not keysplit_qualifies(case):
         pytest.skip("the key-split tile does not take this case (more than 32 rows or head dim)")
     if tile == "keysplit-132sms" and not d128:
         pytest.skip("only d128 has the 128-key tile")
+    if ring and not d128:
+        pytest.skip("only d128 has the ring tiles")
     if tile == "keysplit-kv64" and not wide_qualifies(case, num_sms):
         pytest.skip("the 128-key tile does not take this case either")
     monkeypatch.setenv("FLASH_CUDA_DECODE_KV128", "0" if tile == "keysplit-kv64" else "1")
@@ -261,8 +268,9 @@ def test_decode_emulated(case, tile, monkeypatch):
         cache_batch_idx=None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32),
         cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32),
         num_splits=extra.get("num_splits", 1), pack_gqa=extra.get("pack_gqa", False),
-        keysplit=keysplit, kvcache_op=True, num_sms=num_sms, **opts)
+        keysplit=keysplit, kvcache_op=True, num_sms=num_sms, ring=ring, **opts)
     assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
+    assert (", ring" in driver.LAST_STDOUT) == bool(ring), driver.LAST_STDOUT
     wide = tile in ("keysplit", "keysplit-132sms") and wide_qualifies(case, num_sms)
     assert ("128-key blocks" in driver.LAST_STDOUT) == wide, driver.LAST_STDOUT
     contiguous = keysplit and is_contiguous_plain(case)

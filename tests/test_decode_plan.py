@@ -53,21 +53,54 @@ PINNED = {
 }
 
 
+# The same on an sm_90 GPU (scripts/decode_plan.cpp ... sm90), where the ring tiles may run
+# (decode.h plan_decode_tile). Session 21 (runs 116-118): paged 32-row steps of at most one CTA
+# per SM in the plain plan, with at least 8 key blocks per CTA, take the ring; the rest keep the
+# plain plans above (b1 kv32k and b32 kv1k: 4 blocks per CTA, 0.94-1.00x on the ring).
+PINNED_SM90 = {
+    "d128 paged q1 h32/1 b1 kv131072": "ring32 kb64 ctas/sm 1 tiles 1 splits 128 ctas 128",
+    "d128 paged q1 h32/1 b128 kv1024": "ring32 kb64 ctas/sm 1 tiles 128 splits 1 ctas 128",
+    "d128 paged q1 h32/1 b8 kv8192": "ring32 kb64 ctas/sm 1 tiles 8 splits 16 ctas 128",
+    "d128 paged q1 h32/1 b1 kv32768": "keysplit32 kb64 ctas/sm 2 tiles 1 splits 128 ctas 128",
+    "d128 paged q1 h32/1 b32 kv1024": "keysplit32 kb64 ctas/sm 2 tiles 32 splits 4 ctas 128",
+    "d128 paged q1 h32/1 b32 kv8192": "keysplit32 kb64 ctas/sm 2 tiles 32 splits 8 ctas 256",
+    "d128 paged q1 h32/8 b8 kv1024": "keysplit16 kb64 ctas/sm 2 tiles 64 splits 4 ctas 256",
+    "d128 contiguous q1 h32/1 b1 kv131072":
+        "keysplit32 kb64 ctas/sm 1 tiles 1 splits 128 ctas 128",
+    "d128 contiguous q1 h32/8 b32 kv8192":
+        "keysplit16-kv128 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+}
+
+
+def run_plan(binary, *args):
+    # The library's A/B switches off: the default rules.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASH_CUDA_DECODE_")}
+    out = subprocess.run([str(binary), "132", *args], check=True, env=env,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return dict(line.split(": ", 1) for line in out.splitlines())
+
+
 @pytest.fixture(scope="module")
-def plans(tmp_path_factory):
+def plan_binary(tmp_path_factory):
     binary = tmp_path_factory.mktemp("decode_plan") / "decode_plan"
     subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT / 'csrc'}",
                     str(ROOT / "scripts" / "decode_plan.cpp"), "-o", str(binary)], check=True)
-    # The library's A/B switches off: the default rules.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASH_CUDA_DECODE_")}
-    out = subprocess.run([str(binary), "132"], check=True, env=env, stdout=subprocess.PIPE,
-                         text=True).stdout
-    return dict(line.split(": ", 1) for line in out.splitlines())
+    return binary
+
+
+@pytest.fixture(scope="module")
+def plans(plan_binary):
+    return run_plan(plan_binary)
 
 
 @pytest.mark.parametrize("cell", sorted(PINNED))
 def test_decode_plan_pinned(plans, cell):
     assert plans[cell] == PINNED[cell]
+
+
+@pytest.mark.parametrize("cell", sorted(PINNED_SM90))
+def test_decode_plan_pinned_sm90(plan_binary, cell):
+    assert run_plan(plan_binary, "sm90")[cell] == PINNED_SM90[cell]
 
 
 def test_decode_plan_covers_the_grid(plans):

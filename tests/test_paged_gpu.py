@@ -194,21 +194,32 @@ WIDE_TILE_CASES = [
     ((136, 1000, 1, 128, 32, "batch_idx", "softcap", 0), 32),
 ]
 # A key-split kernel's traits in its name (FwdKeySplitTraits<HeadDim, BlockN, Stages, RowSlices,
-# PagedKV>), demangled or mangled: (block_n, row slices (1: 16 rows, 2: 32), PagedKV as 0 / 1).
-_KEYSPLIT_TILE = re.compile(r"FwdKeySplitTraits<\d+, (\d+), \d, (\d), (true|false)>|"
-                            r"FwdKeySplitTraitsILi\d+ELi(\d+)ELi\dELi(\d)ELb([01])E")
+# PagedKV, ProducerWarps>), demangled or mangled: (block_n, row slices (1: 16 rows, 2: 32),
+# PagedKV as 0 / 1, producer warps (4: the warp-specialised ring tile, 0: the plain one)).
+_KEYSPLIT_TILE = re.compile(r"FwdKeySplitTraits<\d+, (\d+), \d, (\d), (true|false), (\d)>|"
+                            r"FwdKeySplitTraitsILi\d+ELi(\d+)ELi\dELi(\d)ELb([01])ELi(\d)E")
 
 
 def keysplit_runs(prof):
-    """{(block_n, row slices, paged-capable)} of the key-split kernels a profile shows."""
+    """{(block_n, row slices, paged-capable, ring tile)} of the key-split kernels a profile
+    shows."""
     runs = set()
     for e in prof.events():
         m = _KEYSPLIT_TILE.search(e.name)
         if m:
             g = m.groups()
-            n, slices, paged = (g[0], g[1], g[2]) if g[0] is not None else (g[3], g[4], g[5])
-            runs.add((int(n), int(slices), paged in ("true", "1")))
+            n, slices, paged, producers = g[:4] if g[0] is not None else g[4:]
+            runs.add((int(n), int(slices), paged in ("true", "1"), int(producers) > 0))
     return runs
+
+
+def runs_ring_tiles():
+    """Whether the kvcache op's d128 key-split steps take the warp-specialised ring tiles here
+    (kernels/decode.h plan_decode_tile: compute capability 9.0, the sm90 kernels not switched
+    off, FLASH_CUDA_DECODE_RING not 0)."""
+    return (torch.cuda.get_device_capability() == (9, 0) and
+            os.environ.get("FLASH_CUDA_SM90") != "0" and
+            os.environ.get("FLASH_CUDA_DECODE_RING") != "0")
 
 
 def expects_paged_kernel(case):
@@ -220,10 +231,10 @@ def expects_paged_kernel(case):
             os.environ.get("FLASH_CUDA_DECODE_CONTIG") == "0")
 
 
-def check_keysplit_kernel(case, dtype, *, block_n, rows):
+def check_keysplit_kernel(case, dtype, *, block_n, rows, ring=False):
     """Runs a grid case (checked like the grid) under the profiler, which must show exactly
-    one key-split kernel: block_n-key blocks, rows // 16 row slices, and the paged-capable one or
-    its twin without the paged path as expects_paged_kernel says."""
+    one key-split kernel: block_n-key blocks, rows // 16 row slices, the paged-capable one or
+    its twin without the paged path as expects_paged_kernel says, and the ring tile or not."""
     from torch.profiler import ProfilerActivity, profile
 
     kernel_dim = kernel_head_dim(case[3])
@@ -233,7 +244,8 @@ def check_keysplit_kernel(case, dtype, *, block_n, rows):
         run_case(case, dtype)
         torch.cuda.synchronize()
     runs = keysplit_runs(prof)
-    assert runs == {(block_n, rows // 16, expects_paged_kernel(case))}, f"key-split runs: {runs}"
+    assert runs == {(block_n, rows // 16, expects_paged_kernel(case), ring)}, \
+        f"key-split runs: {runs}"
 
 
 @needs_cuda
@@ -242,10 +254,12 @@ def check_keysplit_kernel(case, dtype, *, block_n, rows):
                     reason="the 32-row steps (136 tiles, one split) need more tiles than SMs")
 @pytest.mark.parametrize("case,rows", WIDE_TILE_CASES,
                          ids=lambda c: case_id(c) if isinstance(c, tuple) else f"rows{c}")
-def test_kvcache_128key_tile(case, rows):
+def test_kvcache_128key_tile(case, rows, monkeypatch):
     """Steps that take the 128-key key-split tile (FwdDecodeKeySplitConfig::TraitsWide /
-    TraitsWide32): checked like the grid, and the profiler must show that tile's kernel (the
-    paged-capable one or its twin without the paged path, as expects_paged_kernel says)."""
+    TraitsWide32) where the ring tiles do not run (FLASH_CUDA_DECODE_RING=0): checked like the
+    grid, and the profiler must show that tile's kernel (the paged-capable one or its twin
+    without the paged path, as expects_paged_kernel says)."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "0")
     dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
     check_keysplit_kernel(case, dtype, block_n=128, rows=rows)
 
@@ -270,10 +284,75 @@ KEYSPLIT64_CASES = [
 @needs_cuda
 @pytest.mark.parametrize("case,rows", KEYSPLIT64_CASES,
                          ids=lambda c: case_id(c) if isinstance(c, tuple) else f"rows{c}")
-def test_kvcache_keysplit_kernel(case, rows):
-    """The 64-key key-split steps run the paged-capable kernel or its twin without the paged
-    path as expects_paged_kernel says, and are checked like the grid."""
+def test_kvcache_keysplit_kernel(case, rows, monkeypatch):
+    """The 64-key key-split steps (FLASH_CUDA_DECODE_RING=0 at d128) run the paged-capable
+    kernel or its twin without the paged path as expects_paged_kernel says, and are checked like
+    the grid."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "0")
     check_keysplit_kernel(case, torch.bfloat16, block_n=64, rows=rows)
+
+
+# d128 key-split steps for the warp-specialised ring tiles (kernels/sm80/kv_ring.cuh), 16 and 32
+# rows, every layout and feature, one split, explicit splits and the heuristic's count, and
+# sequences shorter than the ring (63 keys: one block); (case, rows of its tiles).
+RING_CASES = [
+    ((1, 8192, 1, 128, 4, "contiguous", "plain", 0), 16),
+    ((3, 1000, 1, 128, 8, "paged16", "causal", 0), 16),
+    ((17, 8192, 1, 128, 4, "paged256", "window", 3), 16),
+    ((3, 1000, 5, 128, 4, "leftpad", "softcap", 16), 32),
+    ((1, 8192, 1, 128, 32, "batch_idx", "plain", 0), 32),
+    ((3, 1000, 0, 128, 32, "paged16", "plain", 1), 32),
+    ((2, 1000, 1, 128, 1, "paged64", "alibi", 3), 16),
+    ((17, 63, 1, 128, 8, "paged32", "plain", 0), 16),
+    ((3, 1000, 1, 128, 4, "contiguous", "plain", 1), 16),
+    ((17, 8192, 0, 128, 32, "paged128", "causal", 0), 32),
+]
+
+
+needs_ring_device = pytest.mark.skipif(
+    not torch.cuda.is_available() or not runs_ring_tiles(),
+    reason="the ring tiles run on compute capability 9.0 with the sm90 kernels on")
+
+
+@needs_cuda
+@needs_ring_device
+@pytest.mark.parametrize("case,rows", RING_CASES,
+                         ids=lambda c: case_id(c) if isinstance(c, tuple) else f"rows{c}")
+def test_kvcache_ring_tile(case, rows, monkeypatch):
+    """The warp-specialised ring tiles on every d128 key-split step (FLASH_CUDA_DECODE_RING=1):
+    checked like the grid (outputs, lse and the cache after the append), and the profiler must
+    show the ring kernel (the paged-capable one or its twin as expects_paged_kernel says)."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "1")
+    dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
+    check_keysplit_kernel(case, dtype, block_n=64, rows=rows, ring=True)
+
+
+# The default rule (kernels/decode.h plan_decode_tile): paged 32-row steps whose plain plan puts
+# at most one CTA on each SM, with at least 8 key blocks per CTA, take the ring tile; contiguous
+# ones, 16-row ones and paged 32-row ones with shorter splits keep the plain key-split tiles.
+# (case, rows, block_n, ring) on 132 SMs; these MQA cases get one KV head (run_case's draw):
+# 8 tiles, 16 splits of 8 blocks; at b1, 64 splits of 2 blocks.
+RING_RULE_CASES = [
+    ((8, 8192, 1, 128, 32, "paged16", "plain", 0), 32, 64, True),
+    ((8, 8192, 1, 128, 32, "paged256", "causal", 0), 32, 64, True),
+    ((1, 8192, 1, 128, 32, "paged16", "plain", 0), 32, 64, False),
+    ((8, 8192, 1, 128, 32, "contiguous", "plain", 0), 32, 64, False),
+    ((8, 8192, 1, 128, 4, "paged16", "plain", 0), 16, 64, False),
+]
+
+
+@needs_cuda
+@needs_ring_device
+@pytest.mark.skipif(torch.cuda.is_available() and
+                    torch.cuda.get_device_properties(0).multi_processor_count != 132,
+                    reason="the cases' plans are those of 132 SMs (the H200)")
+@pytest.mark.parametrize("case,rows,block_n,ring", RING_RULE_CASES,
+                         ids=lambda c: case_id(c) if isinstance(c, tuple) else str(c))
+def test_kvcache_ring_rule(case, rows, block_n, ring, monkeypatch):
+    """Without FLASH_CUDA_DECODE_RING the ring tile runs where the rule says, checked like the
+    grid."""
+    monkeypatch.delenv("FLASH_CUDA_DECODE_RING", raising=False)
+    check_keysplit_kernel(case, torch.bfloat16, block_n=block_n, rows=rows, ring=ring)
 
 
 @needs_cuda

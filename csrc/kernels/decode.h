@@ -119,12 +119,22 @@ inline bool contiguous_keysplit(const FwdParams& p) {
 // or 32 rows (keysplit_rows), with 64-key blocks or, where plan_key_blocks set wide_key_blocks,
 // 128-key ones; else the 64-row decode tile. The launcher (sm80/fwd_launch.cuh), the CPU
 // emulator (tests/emulation/fwd_emulated.cpp) and scripts/decode_plan.cpp all dispatch on this.
-enum class DecodeTile { kDecode64, kKeySplit16, kKeySplit16Wide, kKeySplit32, kKeySplit32Wide };
+// With params.kv_ring (plan_decode_tile: sm_90) the warp-specialised twins of the 64-key
+// key-split tiles (kRing16, kRing32; sm80/kv_ring.cuh).
+enum class DecodeTile {
+    kDecode64,
+    kKeySplit16,
+    kKeySplit16Wide,
+    kKeySplit32,
+    kKeySplit32Wide,
+    kRing16,
+    kRing32,
+};
 inline DecodeTile decode_tile(const FwdParams& p) {
     if (!runs_keysplit_tile(p)) return DecodeTile::kDecode64;
-    if (keysplit_rows(p) <= 16) {
-        return p.wide_key_blocks ? DecodeTile::kKeySplit16Wide : DecodeTile::kKeySplit16;
-    }
+    const bool sixteen = keysplit_rows(p) <= 16;
+    if (p.kv_ring) return sixteen ? DecodeTile::kRing16 : DecodeTile::kRing32;
+    if (sixteen) return p.wide_key_blocks ? DecodeTile::kKeySplit16Wide : DecodeTile::kKeySplit16;
     return p.wide_key_blocks ? DecodeTile::kKeySplit32Wide : DecodeTile::kKeySplit32;
 }
 
@@ -243,6 +253,10 @@ inline SplitGeometry wide_split_geometry(const FwdParams& p) {
 }
 inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
+    // The warp-specialised tiles: one CTA per SM (256 threads of up to 255 registers), paged or
+    // not (the producer warps do the page arithmetic: the compute warps' instructions per block
+    // are those of a contiguous cache).
+    if (p.kv_ring) return {bn, bn, 1};
     if (p.wide_key_blocks) return wide_split_geometry(p);
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm, paged_floor_blocks(p)};
     // The key-split tiles' contiguous calls count one CTA per SM (d64 / d128 as measured in
@@ -341,6 +355,53 @@ inline void plan_key_blocks(FwdParams& p, int num_sms) {
     }
     const int splits = num_splits(0, tiles, p.seqlen_k, true, wide_split_geometry(p), num_sms);
     p.wide_key_blocks = tiles * splits > num_sms;
+}
+
+// The warp-specialised key-split tiles (sm80/kv_ring.cuh: 4 producer warps copy K / V into a
+// ring of 6 64-key slots while the 4 compute warps only compute; one CTA per SM, 256 threads),
+// sm_90 only, at the head dims of has_ring_keysplit_tile. Measured against the plain key-split
+// tiles (bench/NOTES.md session 21, runs 116-118), the ring is slower on contiguous caches
+// (0.978-0.981 over the one-token grid) and on paged 16-row calls, but takes the page
+// arithmetic off the compute warps of paged 32-row calls (MQA) whose plain plan has at most one
+// CTA per SM, the case where the plain tile's one warp per scheduler issues those instructions
+// itself (run 53), if each CTA has kRingMinBlocks key blocks or more to amortise the ring's setup
+// (its barriers, one more hand-off before the first block): page 16 MQA b128 kv1k (16 blocks per
+// CTA) 1.066-1.086x in three runs, b1 kv131k (16) 1.025-1.050x, b8 kv8k (8) 1.004-1.044x; with
+// 4 blocks per CTA b1 kv32k 0.953-0.973x and b32 kv1k 0.941-0.998x. So the kvcache op takes it
+// there (plan_decode_tile). FLASH_CUDA_DECODE_RING in the environment (read per call): 0 never,
+// 1 on every d128 key-split call (A/B runs), unset: the rule.
+constexpr int kRingMinBlocks = 8;
+enum class RingChoice { kRule, kOff, kAll };
+inline RingChoice ring_choice() {
+    const char* env = std::getenv("FLASH_CUDA_DECODE_RING");
+    if (env == nullptr || env[0] == '\0') return RingChoice::kRule;
+    return env[0] == '0' && env[1] == '\0' ? RingChoice::kOff : RingChoice::kAll;
+}
+constexpr bool has_ring_keysplit_tile(int kernel_head_dim) { return kernel_head_dim == 128; }
+
+// The kvcache op's tile choice (after plan_gqa_packing, before num_splits): the key-split tiles
+// of plan_key_blocks, or the ring tiles where `ring_device` (an sm_90 GPU with the sm_90
+// kernels on) and ring_choice() allow: always with kAll, else paged calls on 32-row tiles whose
+// plain plan (the split heuristic's count) puts at most one CTA on each SM, with at least
+// kRingMinBlocks key blocks per CTA. Shapes only (seqlen_k is the capacity).
+inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
+    p.kv_ring = false;
+    plan_key_blocks(p, num_sms);
+    const RingChoice ring = ring_device ? ring_choice() : RingChoice::kOff;
+    if (ring == RingChoice::kOff || !has_ring_keysplit_tile(p.d_rounded) ||
+        !runs_keysplit_tile(p)) {
+        return;
+    }
+    if (ring == RingChoice::kRule) {
+        if (p.block_table == nullptr || keysplit_rows(p) <= 16) return;
+        const int64_t tiles = num_tiles(p);
+        const SplitGeometry geometry = split_geometry(p);
+        const int splits = num_splits(0, tiles, p.seqlen_k, true, geometry, num_sms);
+        const int blocks_per_split = key_blocks(p.seqlen_k, geometry.key_block) / splits;
+        if (tiles * splits > num_sms || blocks_per_split < kRingMinBlocks) return;
+    }
+    p.kv_ring = true;
+    p.wide_key_blocks = false;
 }
 
 }  // namespace decode

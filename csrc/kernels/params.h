@@ -140,6 +140,10 @@ struct FwdParams : public QKVParams {
     // (kernels/decode.h plan_key_blocks; sm80/decode_keysplit.cuh FwdDecodeKeySplitConfig::
     // TraitsWide for 16 rows, TraitsWide32 for 32).
     bool wide_key_blocks;
+    // The kvcache op's key-split calls on sm_90 that run the warp-specialised tiles (producer
+    // warps fill a ring of 64-key K/V slots; kernels/decode.h plan_decode_tile,
+    // sm80/kv_ring.cuh). wide_key_blocks is false with it.
+    bool kv_ring;
 
     // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.
     int tile_variant;

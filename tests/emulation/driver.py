@@ -86,7 +86,8 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
                      max_seqlen_k=None, seqused_k=None, block_table=None, cache_batch_idx=None,
                      cache_leftpad=None, num_splits=1, pack_gqa=False, dropout_p=0.0,
                      rng_state=None, philox_on_device=False, return_rng_state=False, timeout=1800,
-                     keysplit=None, sm90=False, kvcache_op=False, num_sms=132, contig=None):
+                     keysplit=None, sm90=False, kvcache_op=False, num_sms=132, contig=None,
+                     ring=None):
     """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd.
 
     KV cache / decode extras (the kernel part of fwd_kvcache; no append): block_table (k, v
@@ -105,7 +106,11 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     tiles (kernels/decode.h plan_key_blocks; flash_attn_func's calls do not make it). num_sms: the
     SM count the host's split count and tile choice assume. contig: True / False set
     FLASH_CUDA_DECODE_CONTIG=1 / 0 (the key-split tile's plain calls without a block table on its
-    kernel without the paged path; the emulator then prints "no paged path"), None leaves it."""
+    kernel without the paged path; the emulator then prints "no paged path"), None leaves it.
+    ring: with kvcache_op, True / False make the host's tile choice that of an sm_90 GPU with
+    FLASH_CUDA_DECODE_RING=1 / unset: the warp-specialised ring tiles (kernels/sm80/kv_ring.cuh)
+    on every d128 key-split call / where decode.h plan_decode_tile's rule takes them (the
+    emulator prints "ring" when they ran); None: a GPU without them."""
     global LAST_STDOUT
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
@@ -136,6 +141,7 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
             "softcap": repr(float(softcap)), "window_left": left, "window_right": right,
             "causal": int(causal), "num_splits": int(num_splits), "pack_gqa": int(pack_gqa),
             "kvcache_op": int(kvcache_op), "num_sms": int(num_sms),
+            "ring_device": int(ring is not None),
         }
         if dropout_p > 0:
             seed, offset = (int(x) & ((1 << 64) - 1) for x in rng_state)
@@ -178,6 +184,10 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
             env["FLASH_CUDA_DECODE_KEYSPLIT"] = "1" if keysplit else "0"
         if contig is not None:
             env["FLASH_CUDA_DECODE_CONTIG"] = "1" if contig else "0"
+        if ring:
+            env["FLASH_CUDA_DECODE_RING"] = "1"
+        elif ring is not None:
+            env.pop("FLASH_CUDA_DECODE_RING", None)
         run = subprocess.run([str(emulator_binary(hd)), str(tmp)], check=True, timeout=timeout,
                              env=env, stdout=subprocess.PIPE, text=True)
         LAST_STDOUT = run.stdout

@@ -6,7 +6,9 @@
 // cu_seqlens_k.bin, seqused_k.bin (int32); KV cache / decode: block_table.bin (int32 (b, bt_cols),
 // page size "page"), cache_batch_idx.bin, leftpad.bin (int32 (b)), "num_splits" (0 = the host
 // heuristic of kernels/decode.h, as flash_api.cpp), "pack_gqa" (1: GQA packing where
-// decode.h allows it, as the kvcache op). Split-KV partials are merged by the combine kernel
+// decode.h allows it, as the kvcache op), "kvcache_op" (1: the kvcache op's tile choice,
+// decode.h plan_decode_tile) with "ring_device" (1: an sm_90 GPU, where the warp-specialised
+// ring tiles may run). Split-KV partials are merged by the combine kernel
 // (kernels/combine.cuh) on the emulator. Writes CASE_DIR/o.bin (contiguous, d_padded columns) and
 // lse.bin (fp32). Exit status 0 on success; an out-of-bounds access aborts.
 // Output buffers have guard zones filled with a sentinel, checked after the run.
@@ -58,7 +60,7 @@ void run_traits(FwdParams& params) {
     const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);
     const bool has_softcap = bias.softcap, has_alibi = bias.alibi;
     auto go = [&](auto kernel) {
-        emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] { kernel(params); });
+        emu::launch(grid, Traits::kLaunchThreads, Traits::kSmemBytes, [&] { kernel(params); });
     };
     using namespace flash_cuda::sm80;
     if constexpr (Traits::kKeySplit) {  // no dropout code: run() sends dropout elsewhere
@@ -69,7 +71,7 @@ void run_traits(FwdParams& params) {
     } else if (params.p_keep < 1.f) {  // dropout: the tiles of fwd_launch.cuh (BiasTraits with a bias)
         auto dgo = [&](auto traits, auto kernel) {
             using T = decltype(traits);
-            emu::launch(grid_for(traits), T::kNThreads, T::kSmemBytes, [&] { kernel(params); });
+            emu::launch(grid_for(traits), T::kLaunchThreads, T::kSmemBytes, [&] { kernel(params); });
         };
         using BTraits = bias_traits_t<FwdConfig<EMU_HEAD_DIM>>;
         using ATraits = alibi_softcap_traits_t<FwdConfig<EMU_HEAD_DIM>>;
@@ -327,7 +329,9 @@ int main(int argc, char** argv) {
     // The kvcache op's host steps (flash_api.cpp): GQA packing, split count.
     if (geti_or("pack_gqa", 0) != 0) flash_cuda::decode::plan_gqa_packing(p);
     const int num_sms = static_cast<int>(geti_or("num_sms", 132));
-    if (geti_or("kvcache_op", 0) != 0) flash_cuda::decode::plan_key_blocks(p, num_sms);
+    if (geti_or("kvcache_op", 0) != 0) {
+        flash_cuda::decode::plan_decode_tile(p, num_sms, geti_or("ring_device", 0) != 0);
+    }
     const bool decode_tile = flash_cuda::decode::uses_decode_tile(p);
     p.num_splits = flash_cuda::decode::num_splits(static_cast<int>(geti_or("num_splits", 1)),
                                                   flash_cuda::decode::num_tiles(p), p.seqlen_k,

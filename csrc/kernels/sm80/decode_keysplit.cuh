@@ -34,6 +34,7 @@
 #include "kernels/decode.h"
 #include "kernels/ptx.cuh"
 #include "kernels/softmax.cuh"
+#include "kernels/sm80/kv_ring.cuh"
 #include "kernels/sm80/tile_io.cuh"
 #include "kernels/sm80/traits.h"
 
@@ -41,15 +42,21 @@ namespace flash_cuda {
 namespace sm80 {
 
 // PagedKV = false: the kernel for calls without a block table (no paged copy path compiled in).
-template <int HeadDim, int BlockN, int Stages, int RowSlices = 1, bool PagedKV = true>
+// ProducerWarps = 4: the warp-specialised tile of sm_90 (kv_ring.cuh): 4 more warps copy K / V
+// into a ring of Stages slots while the 4 compute warps only compute; 0: the compute warps copy.
+template <int HeadDim, int BlockN, int Stages, int RowSlices = 1, bool PagedKV = true,
+          int ProducerWarps = 0>
 struct FwdKeySplitTraits {
     static constexpr int kHeadDim = HeadDim;
     static constexpr int kRowSlices = RowSlices;  // 16-row slices: 1, or 2 (MQA-like 17..32 rows)
     static constexpr int kBlockM = 16 * RowSlices;
     static constexpr int kBlockN = BlockN;
-    static constexpr int kNWarps = 4;
+    static constexpr int kNWarps = 4;  // the compute warps
     static constexpr int kKeySlices = kNWarps / RowSlices;  // warps sharing a row slice
-    static constexpr int kNThreads = kNWarps * 32;
+    static constexpr int kNThreads = kNWarps * 32;  // compute threads (the copies' thread count)
+    static constexpr int kProducerWarps = ProducerWarps;
+    static constexpr int kProducerThreads = ProducerWarps * 32;
+    static constexpr int kLaunchThreads = kNThreads + kProducerThreads;
     static constexpr int kStages = Stages;
     static constexpr bool kSplitKV = true;
     static constexpr bool kPagedKV = PagedKV;
@@ -95,7 +102,10 @@ struct FwdKeySplitTraits {
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kSmemKVTileBytes;
     static constexpr int kSmemScalarsOffset = kSmemVOffset + kStages * kSmemKVTileBytes;
     static constexpr int kSmemScalarsBytes = 128;
-    static constexpr int kSmemBytes = kSmemScalarsOffset + kSmemScalarsBytes;
+    // The ring's mbarriers (kv_ring.cuh), with producer warps: 3 per slot.
+    static constexpr int kSmemBarriersOffset = kSmemScalarsOffset + kSmemScalarsBytes;
+    static constexpr int kSmemBarriersBytes = ProducerWarps > 0 ? 3 * kStages * 8 : 0;
+    static constexpr int kSmemBytes = kSmemBarriersOffset + kSmemBarriersBytes;
 
     // Merge area (over the K/V buffers, from kSmemKOffset): per warp and lane the (m, l) of its
     // two rows, then warps 1..3's scaled O fragments (kDTiles float4 per lane).
@@ -109,7 +119,10 @@ struct FwdKeySplitTraits {
     static_assert(kWarpKeys % 16 == 0, "each warp's keys: whole k16 steps, 16-row swizzle steps");
     static_assert(RowSlices >= 1 && kNWarps % RowSlices == 0 && kKeySlices >= 2,
                   "row slices: a divisor of the warps, at least two warps per slice");
-    static_assert(kStages >= 1 && kStages <= 3, "one to three K/V buffers");
+    static_assert(kStages >= 1 && kStages <= (ProducerWarps > 0 ? 8 : 3),
+                  "one to three K/V buffers (a ring of up to 8 with producer warps)");
+    static_assert(ProducerWarps == 0 || ProducerWarps == kNWarps,
+                  "each producer thread runs one compute thread's share of the K/V copies");
     static_assert(kMergeBytes <= 2 * kStages * kSmemKVTileBytes, "merge area over the K/V tiles");
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
 };
@@ -142,12 +155,21 @@ struct FwdDecodeKeySplitConfig {
     // of 64 keys (72 KB; 217-225 registers).
     using TraitsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1, PagedKV>;
     using TraitsWide32 = FwdKeySplitTraits<HeadDim, 128, 1, 2, PagedKV>;
+    // sm_90, the kvcache op (kernels/decode.h plan_decode_tile), at the head dims of
+    // kHasRingKeySplitTile: the warp-specialised twins (kv_ring.cuh), one CTA per SM, whose
+    // shared memory holds a ring of 6 64-key slots (196 / 200 KB at d128). A ring of 3 128-key
+    // slots ran at 1.004x this one on the contiguous one-token grid (bench/NOTES.md run 116)
+    // and was dropped.
+    using Ring = FwdKeySplitTraits<HeadDim, 64, 6, 1, PagedKV, 4>;
+    using Ring32 = FwdKeySplitTraits<HeadDim, 64, 6, 2, PagedKV, 4>;
 };
 // Head dims with TraitsWide / TraitsWide32 compiled in (kernels/decode.h, whose plan_key_blocks
 // chooses them). At d128 TraitsWide streams 1.1% faster than Traits on the decode steps that
 // take it (geometric mean, bench/NOTES.md run 67).
 template <int HeadDim>
 constexpr bool kHasWideKeySplitTile = decode::has_wide_keysplit_tile(HeadDim);
+template <int HeadDim>
+constexpr bool kHasRingKeySplitTile = decode::has_ring_keysplit_tile(HeadDim);
 
 // The traits of key-split decode tile `tile` (kernels/decode.h decode_tile) at HeadDim, for the
 // launcher (sm80/fwd_launch.cuh) and the CPU emulator (tests/emulation/fwd_emulated.cpp):
@@ -180,6 +202,20 @@ bool with_keysplit_traits(decode::DecodeTile tile, Fn&& fn) {
                 if constexpr (kHasWideKeySplitTile<HeadDim>) {
                     fn("32 rows, 128-key blocks", type_identity<typename Config::TraitsWide32>{},
                        type_identity<typename Contig::TraitsWide32>{});
+                    return true;
+                }
+                break;
+            case decode::DecodeTile::kRing16:
+                if constexpr (kHasRingKeySplitTile<HeadDim>) {
+                    fn("16 rows, ring", type_identity<typename Config::Ring>{},
+                       type_identity<typename Contig::Ring>{});
+                    return true;
+                }
+                break;
+            case decode::DecodeTile::kRing32:
+                if constexpr (kHasRingKeySplitTile<HeadDim>) {
+                    fn("32 rows, ring", type_identity<typename Config::Ring32>{},
+                       type_identity<typename Contig::Ring32>{});
                     return true;
                 }
                 break;
@@ -230,9 +266,10 @@ __device__ __forceinline__ void keysplit_gemm_qk(float (&acc)[1][Traits::kNTiles
 
 // End of the key loop of the key-split tile: merges the (m, l, O) of the kKeySlices warps of
 // each 16-row slice into the slice's first warp (warp 0 when there is one slice): its `softmax`
-// and `acc_o` (see the header). Called by all threads of the CTA; `merge_smem` is the start of the
-// K/V buffers (every cp.async group has been waited for). Two barriers: the other warps publish
-// their raw (m, l, O), then each slice's first warp computes the scales of all and sums.
+// and `acc_o` (see the header). Called by all compute threads of the CTA; `merge_smem` is the
+// start of the K/V buffers (every copy into them has landed: the cp.async groups waited for, or
+// the ring's last full barriers). Two barriers: the other warps publish their raw (m, l, O), then
+// each slice's first warp computes the scales of all and sums.
 template <typename Traits>
 __device__ __forceinline__ void keysplit_merge_warps(
     float (&acc_o)[1][Traits::kDTiles][4], OnlineSoftmax<1>& softmax, float log2_scale,
@@ -245,7 +282,7 @@ __device__ __forceinline__ void keysplit_merge_warps(
     auto part = [&](int w, int dt) -> float4& { return o_part[(w * kDTiles + dt) * 32 + lane]; };
     const int key_slice = warp % kSlices;  // 0: the slice's first warp, which merges
 
-    __syncthreads();  // every warp is done with the last block's K and V tiles
+    compute_warps_sync<Traits>();  // every warp is done with the last block's K and V tiles
     if (key_slice != 0) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -258,7 +295,7 @@ __device__ __forceinline__ void keysplit_merge_warps(
                 make_float4(acc_o[0][dt][0], acc_o[0][dt][1], acc_o[0][dt][2], acc_o[0][dt][3]);
         }
     }
-    __syncthreads();
+    compute_warps_sync<Traits>();
     if (key_slice != 0) return;
     // Scale of key slice j's state: 2^((m_j - M) log2_scale); 0 where slice j saw no key of the
     // row (its l and O are 0 then), and for every slice when none did (M = -inf: l stays 0, so

@@ -14,6 +14,9 @@
 //   O / l -> shared memory (over the Q tile) -> global with 16-byte stores; lse per row.
 // Key blocks run from the last to the first so the blocks that need masking on the causal
 // diagonal / sequence end come first and the rest run without mask code.
+// The warp-specialised key-split tile (sm_90; Traits::kProducerWarps > 0, kv_ring.cuh) runs the
+// same loop on its compute warps, whose K / V tiles come from producer warps through a ring of
+// mbarrier-tracked slots instead of their own cp.async groups.
 //
 // Tensors (elements; strides from FwdParams, 64-bit offsets):
 //   q (b, seqlen_q, h, d)  or packed (total_q, h, d) with cu_seqlens_q
@@ -35,6 +38,7 @@
 #include "kernels/ptx.cuh"
 #include "kernels/softmax.cuh"
 #include "kernels/sm80/decode_keysplit.cuh"
+#include "kernels/sm80/kv_ring.cuh"
 #include "kernels/sm80/traits.h"
 #include "kernels/sm80/warp_gemm.cuh"
 
@@ -479,7 +483,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
         }
         if (split_kv) return;
         if (owns_rows) stage_output_tile<Element, Traits>(acc_o, smem_q, warp_row0, lane);
-        __syncthreads();
+        compute_warps_sync<Traits>();
         Element* o_batch = reinterpret_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride;
         Traits::QCopy::template store_scatter<Element>(
             [&](int r) {
@@ -523,7 +527,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
         }
     }
     if (owns_rows) stage_output_tile<Element, Traits>(acc_o, smem_q, warp_row0, lane);
-    __syncthreads();
+    compute_warps_sync<Traits>();
     Traits::QCopy::store(out.o, params.o_row_stride, smem_q, out.valid_rows, params.d, tid);
 }
 
@@ -531,9 +535,12 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
 // natural-log units with the ALiBi bias; also used, with slope 0, when softmax_scale <= 0 so
 // the exponent factor stays positive), HasSoftcap (tanh capping), IsDropout (dropout of P: l
 // and lse stay those of the undropped softmax, O is scaled by 1 / p_keep at the end).
+// Traits::kProducerWarps > 0 (the warp-specialised key-split tile, kv_ring.cuh): the CTA is
+// kNThreads compute threads (warps 0 .. kNWarps - 1, which run everything below but the K/V
+// copies) and kProducerThreads producer threads after them (the copies only).
 template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap,
           bool IsDropout = false>
-__global__ void __launch_bounds__(Traits::kNThreads, 1)
+__global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     mha_fwd_sm80_kernel(const __grid_constant__ FwdParams params) {
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kBlockN = Traits::kBlockN;
@@ -550,6 +557,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // 16 rows x the warp's kWarpKeys keys of each block.
     using WarpGemm = typename Traits::WarpGemm;
     static_assert(!(Traits::kKeySplit && IsDropout), "the key-split tile has no dropout");
+    // The warp-specialised tile needs sm_90's mbarrier waits: in a pass for an older GPU its
+    // kernels only trap (the host never launches them there).
+    constexpr bool kWarpSpecialized = Traits::kProducerWarps > 0 && kKVRingCompiled;
+    if constexpr (Traits::kProducerWarps > 0 && !kKVRingCompiled) {
+        __trap();
+        return;
+    }
 
     // Split-KV decode: the combine kernel (launched with programmatic dependent launch on sm_90)
     // may be scheduled as soon as every CTA of this grid has started; it waits for this grid to
@@ -645,6 +659,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // seqlen_k, windows past the end) or an empty split: out = 0, lse = +inf (split: the
         // partial O = 0, lse = -inf, which the combine weighs 0).
         if (n_block_max <= n_block_min) {
+            if (kWarpSpecialized && tid >= Traits::kNThreads) return;  // a producer: no copies
             if (Traits::kSplitKV && params.num_splits > 1) {
                 store_empty_partial<Traits>(params, split, batch, head, m0, valid_q_rows, packed,
                                             tid);
@@ -663,9 +678,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             return;
         }
 
-        // ---- Q tile load (64-bit element offsets), K/V sources.
+        // ---- Q tile load (64-bit element offsets; the compute threads), K/V sources.
         const Element* q_seq = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset;
-        if (packed) {  // head = the KV head; rows gathered per (position, head)
+        if (kWarpSpecialized && tid >= Traits::kNThreads) {
+            // a producer thread: no part in the Q tile
+        } else if (packed) {  // head = the KV head; rows gathered per (position, head)
             QCopy::load_async_gather(
                 smem_q,
                 [&](int r) {
@@ -703,10 +720,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const int n_iters = n_block_max - n_block_min;
     // K / V tiles of iteration `it` (key block n_block_max - 1 - it) into buffer it % kStages.
-    // src: the K/V source (`kv` in the prologue, its shared copy `cta.kv` in the loop).
+    // src: the K/V source (`kv` in the prologue and in the producer warps, its shared copy
+    // `cta.kv` in the compute warps' loop). copy_tid: the thread's index among the copying
+    // threads (the compute threads, or with producer warps the producer threads).
     // Paged cache: `paged_rows` holds the rows of the block whose K was issued last; the V copy
     // of that block reuses them, and the next block's lookup follows it (one copy step ahead
     // of the K copy that needs it).
+    const int copy_tid = kWarpSpecialized ? tid - Traits::kNThreads : tid;
     const bool paged = Traits::kPagedKV && params.block_table != nullptr;
     PagedKVRows<Traits> paged_rows;
     const int* block_table_row = paged ? PagedKVRows<Traits>::table_row(params) : nullptr;
@@ -714,7 +734,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto lookup_pages = [&](int it, const KVSource& src) {
         if (paged) {
             paged_rows.lookup(params, block_table_row, src.pos0, block_of(it),
-                              seqlen_k - block_of(it) * kBlockN, tid);
+                              seqlen_k - block_of(it) * kBlockN, copy_tid);
         }
     };
     auto load_k = [&](int it, const KVSource& src) {
@@ -722,41 +742,63 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                       static_cast<const Element*>(src.k_seq),
                                       params.k_batch_stride, params.k_row_stride, block_of(it),
                                       seqlen_k - block_of(it) * kBlockN, paged, paged_rows,
-                                      tid);
+                                      copy_tid);
     };
     auto load_v = [&](int it, const KVSource& src) {
         load_kv_tile<Element, Traits>(params, smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
                                       static_cast<const Element*>(src.v_seq),
                                       params.v_batch_stride, params.v_row_stride, block_of(it),
                                       seqlen_k - block_of(it) * kBlockN, paged, paged_rows,
-                                      tid);
+                                      copy_tid);
     };
 
-    // ---- Prologue: Q (issued above) with K of the first block, then (kStages buffers)
-    // V0 K1 .. V(kStages-2) K(kStages-1), one group each (empty past the last block).
-    lookup_pages(0, kv);
-    load_k(0, kv);
-    ptx::cp_async_commit();
-    if constexpr (kStages >= 2) {
-        load_v(0, kv);
-        ptx::cp_async_commit();
-        if (n_iters > 1) {
-            lookup_pages(1, kv);
-            load_k(1, kv);
+    // ---- Warp-specialised tile (kv_ring.cuh): the producer warps fill the ring and leave; the
+    // compute warps wait for Q (their own copies) and run the key loop on the ring below.
+    [[maybe_unused]] const KVRing<Traits> ring = kv_ring_at<Traits>(smem_q);
+    if constexpr (kWarpSpecialized) {
+        ptx::cp_async_commit();  // Q (issued by the compute threads above)
+        if (tid == 0) ring.init();
+        __syncthreads();  // the ring's barriers and the CTA scalars, for every warp
+        if (tid >= Traits::kNThreads) {
+            for (int it = 0; it < n_iters; ++it) {
+                ring.acquire(it);
+                lookup_pages(it, kv);
+                load_k(it, kv);
+                ring.k_issued(it);
+                load_v(it, kv);
+                ring.v_issued(it);
+            }
+            return;  // its copies land on their own; the full barriers track them
         }
+        ptx::cp_async_wait<0>();
+        compute_warps_sync<Traits>();  // Q landed (every compute thread's share)
+    } else {
+        // ---- Prologue: Q (issued above) with K of the first block, then (kStages buffers)
+        // V0 K1 .. V(kStages-2) K(kStages-1), one group each (empty past the last block).
+        lookup_pages(0, kv);
+        load_k(0, kv);
         ptx::cp_async_commit();
-    }
-    if constexpr (kStages == 3) {
-        if (n_iters > 1) load_v(1, kv);
-        ptx::cp_async_commit();
-        if (n_iters > 2) {
-            lookup_pages(2, kv);
-            load_k(2, kv);
+        if constexpr (kStages >= 2) {
+            load_v(0, kv);
+            ptx::cp_async_commit();
+            if (n_iters > 1) {
+                lookup_pages(1, kv);
+                load_k(1, kv);
+            }
+            ptx::cp_async_commit();
         }
-        ptx::cp_async_commit();
+        if constexpr (kStages == 3) {
+            if (n_iters > 1) load_v(1, kv);
+            ptx::cp_async_commit();
+            if (n_iters > 2) {
+                lookup_pages(2, kv);
+                load_k(2, kv);
+            }
+            ptx::cp_async_commit();
+        }
+        // Here paged_rows holds block kStages - 1's rows (or an earlier block's when n_iters is
+        // smaller: their V copies are then never issued).
     }
-    // Here paged_rows holds block kStages - 1's rows (or an earlier block's when n_iters is
-    // smaller: their V copies are then never issued).
 
     float acc_o[kMTiles][kDTiles][4];
 #pragma unroll
@@ -802,19 +844,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         compute_iters = 0;
     }
+    // Warp-specialised tile: the compute warps take each block's K and V from the ring
+    // (KVRing::wait_k / wait_v) and hand the slot back after P V; the copies are the producers'.
     for (int it = 0; it < compute_iters; ++it) {
         const int n_block = n_block_max - 1 - it;
         const int slot = it % kStages;
 
-        // K of this block has landed (and every warp is done with the buffers refilled next).
-        ptx::cp_async_wait<kGroupsInFlight>();
-        block_barrier();
-        if (it + kStages - 1 < n_iters) {
-            load_v(it + kStages - 1, cta.kv);
+        if constexpr (kWarpSpecialized) {
+            ring.wait_k(it);
+        } else {
+            // K of this block has landed (and every warp is done with the buffers refilled
+            // next).
+            ptx::cp_async_wait<kGroupsInFlight>();
+            block_barrier();
+            if (it + kStages - 1 < n_iters) {
+                load_v(it + kStages - 1, cta.kv);
+            }
+            ptx::cp_async_commit();
+            // Paged: the next K block's rows, looked up while this block's scores are computed.
+            if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
         }
-        ptx::cp_async_commit();
-        // Paged: the next K block's rows, looked up while this block's scores are computed.
-        if (it + kStages < n_iters) lookup_pages(it + kStages, cta.kv);
 
         float acc_s[kMTiles][kNTiles][4];  // the key-split tile: the warp's keys
 #pragma unroll
@@ -865,11 +914,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         uint32_t p_frag[kMTiles][WarpGemm::kBlockN / 16][4];
         convert_p_to_a_fragments<Element, WarpGemm>(p_frag, acc_s);
 
-        // V of this block has landed; every warp is done reading this block's K buffer.
-        ptx::cp_async_wait<kGroupsInFlight>();
-        block_barrier();
-        if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
-        ptx::cp_async_commit();
+        if constexpr (kWarpSpecialized) {
+            ring.wait_v(it);
+        } else {
+            // V of this block has landed; every warp is done reading this block's K buffer.
+            ptx::cp_async_wait<kGroupsInFlight>();
+            block_barrier();
+            if (it + kStages < n_iters) load_k(it + kStages, cta.kv);
+            ptx::cp_async_commit();
+        }
 
         warp_gemm_p_rowsum<Element, WarpGemm>(softmax.row_sum, p_frag);
         if constexpr (IsDropout) {  // on the packed fragments, after the row sums (undropped l)
@@ -881,6 +934,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                         smem_v + slot * Traits::kSmemKVTileBytes +
                                             Traits::kv_row_byte_offset(warp_key0),
                                         lane);
+        if constexpr (kWarpSpecialized) ring.release(it, lane);
     }
     ptx::cp_async_wait<0>();  // only empty groups can be left; drain them anyway
     if constexpr (Traits::kKeySplit) {

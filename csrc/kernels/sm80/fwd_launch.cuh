@@ -53,7 +53,7 @@ void launch_fwd_kernel(FwdParams& params, cudaStream_t stream) {
                           ? dim3(grid_heads, params.b, static_cast<unsigned>(m_split_blocks))
                           : dim3(num_m_blocks, params.b, params.h);
     // After a KV-cache append: programmatic dependent launch (the decode tile waits, fwd.cuh).
-    launch_kernel<FwdParams>(kernel, grid, dim3(KernelTraits::kNThreads), kSmemBytes, stream,
+    launch_kernel<FwdParams>(kernel, grid, dim3(KernelTraits::kLaunchThreads), kSmemBytes, stream,
                              KernelTraits::kSplitKV && params.launch_pdl, params);
 }
 

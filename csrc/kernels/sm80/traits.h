@@ -25,6 +25,11 @@ struct FwdTraits {
     static constexpr int kBlockN = BlockN;
     static constexpr int kNWarps = NWarps;
     static constexpr int kNThreads = NWarps * 32;
+    // Warps that only copy K / V (the warp-specialised key-split tile, decode_keysplit.cuh):
+    // none here, so the CTA is the kNThreads compute threads.
+    static constexpr int kProducerWarps = 0;
+    static constexpr int kProducerThreads = 0;
+    static constexpr int kLaunchThreads = kNThreads;
     // K/V buffers: 1 = one K and one V tile (the V load overlaps S = QK^T, the next K load
     // overlaps softmax and PV); 2 = double buffered (the next block's K and V load during the
     // whole current iteration); 3 = the K/V tiles of the next two blocks in flight (decode).

@@ -66,6 +66,14 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity(uint32_t bar, uint32_t 
     return done != 0;
 }
 
+// cp.async.mbarrier.arrive.noinc.shared::cta.b64: one arrival on the mbarrier once every
+// cp.async this thread issued before it has landed (noinc: the arrival is one of the phase's
+// expected count, which therefore counts the threads that signal this way). An sm_80
+// instruction, here with the waits it pairs with (kernels/sm80/kv_ring.cuh).
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // ---- async proxy ----
 
 // fence.proxy.async.shared::cta: generic-proxy writes to shared memory (st.shared) become

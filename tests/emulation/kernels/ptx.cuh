@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 namespace flash_cuda {
 namespace ptx {
@@ -19,34 +21,48 @@ inline uint32_t smem_addr(const void* ptr) {
     return static_cast<uint32_t>(off);
 }
 
-inline void cp_async_16(uint32_t smem_dst, const void* gmem_src, bool in_bounds) {
-    unsigned char* dst = emu::smem_at(smem_dst, 16, 16);
+// cp.async reads global memory at issue and lands in shared memory later: at the thread's next
+// cp.async.wait_group (any count: every earlier copy lands no later than the hardware's would),
+// or, after a cp.async.mbarrier.arrive.noinc (sm90/ptx_sm90.cuh), when that barrier's phase
+// completes. A thread that reads a tile before its wait sees the old bytes (NaN at first).
+namespace detail {
+struct PendingCopy {
+    uint32_t dst;
+    uint32_t bytes;
+    unsigned char data[16];
+};
+inline thread_local std::vector<PendingCopy> pending_copies;
+
+inline void stage_cp_async(uint32_t smem_dst, const void* gmem_src, bool in_bounds,
+                           uint32_t bytes) {
+    emu::smem_at(smem_dst, bytes, bytes);
+    PendingCopy copy{smem_dst, bytes, {}};
     if (in_bounds) {
-        if (reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0) {
+        if (reinterpret_cast<uintptr_t>(gmem_src) % bytes != 0) {
             emu::fail("misaligned cp.async source", reinterpret_cast<long long>(gmem_src));
         }
-        emu::check_readable(gmem_src, 16);
-        std::memcpy(dst, gmem_src, 16);
-    } else {
-        std::memset(dst, 0, 16);
+        emu::check_readable(gmem_src, bytes);
+        std::memcpy(copy.data, gmem_src, bytes);
     }
+    pending_copies.push_back(copy);
+}
+}  // namespace detail
+
+inline void cp_async_16(uint32_t smem_dst, const void* gmem_src, bool in_bounds) {
+    detail::stage_cp_async(smem_dst, gmem_src, in_bounds, 16);
 }
 inline void cp_async_4(uint32_t smem_dst, const void* gmem_src, bool in_bounds) {
-    unsigned char* dst = emu::smem_at(smem_dst, 4, 4);
-    if (in_bounds) {
-        if (reinterpret_cast<uintptr_t>(gmem_src) % 4 != 0) {
-            emu::fail("misaligned cp.async source", reinterpret_cast<long long>(gmem_src));
-        }
-        emu::check_readable(gmem_src, 4);
-        std::memcpy(dst, gmem_src, 4);
-    } else {
-        std::memset(dst, 0, 4);
-    }
+    detail::stage_cp_async(smem_dst, gmem_src, in_bounds, 4);
 }
 inline void barrier_sync_unaligned() { __syncthreads(); }
 inline void cp_async_commit() {}
 template <int kPendingGroups>
-inline void cp_async_wait() {}
+inline void cp_async_wait() {
+    for (const detail::PendingCopy& c : detail::pending_copies) {
+        std::memcpy(emu::smem_at(c.dst, c.bytes, c.bytes), c.data, c.bytes);
+    }
+    detail::pending_copies.clear();
+}
 
 inline uint4 ld_shared_16(uint32_t addr) {
     uint4 v;

@@ -45,7 +45,8 @@ inline emu::MBarrier& barrier_locked(uint32_t bar) {
 inline void complete_if_ready_locked(emu::MBarrier& b) {
     if (b.pending > 0 || b.tx != 0) return;
     for (size_t i = 0; i < b.staged.size(); ++i) {
-        std::memcpy(emu::smem_at(b.staged_dst[i], b.staged[i].size(), 16), b.staged[i].data(),
+        const size_t align = b.staged[i].size() < 16 ? b.staged[i].size() : 16;  // cp.async 4 B
+        std::memcpy(emu::smem_at(b.staged_dst[i], b.staged[i].size(), align), b.staged[i].data(),
                     b.staged[i].size());
     }
     b.staged.clear();
@@ -172,6 +173,20 @@ inline void mbarrier_arrive(uint32_t bar) {
     std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
     emu::MBarrier& b = detail::barrier_locked(bar);
     detail::complete_if_ready_locked(b);
+    b.pending -= 1;
+}
+
+// The thread's cp.async copies not yet landed (kernels/ptx.cuh here) land when this barrier's
+// phase completes; then one arrival.
+inline void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
+    std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
+    emu::MBarrier& b = detail::barrier_locked(bar);
+    detail::complete_if_ready_locked(b);
+    for (const ptx::detail::PendingCopy& c : ptx::detail::pending_copies) {
+        b.staged_dst.push_back(c.dst);
+        b.staged.emplace_back(c.data, c.data + c.bytes);
+    }
+    ptx::detail::pending_copies.clear();
     b.pending -= 1;
 }
 
