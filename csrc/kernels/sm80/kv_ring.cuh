@@ -28,7 +28,6 @@
 
 #include <cstdint>
 
-#include "kernels/ptx.cuh"
 #include "kernels/sm90/mbarrier_wait.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
 
