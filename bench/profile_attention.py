@@ -94,7 +94,7 @@ def main() -> None:
     p.add_argument("--env-variants", type=lambda s: s.split(";"), default=None,
                    help="decode: one contiguous step per ';'-separated variant, each "
                         "'VAR=VALUE,VAR=VALUE' set before its step (flash_cuda's switches, read "
-                        "per call), e.g. 'FLASH_CUDA_DECODE_RING=0;FLASH_CUDA_DECODE_RING=64'")
+                        "per call), e.g. 'FLASH_CUDA_DECODE_RING=0;FLASH_CUDA_DECODE_RING=1'")
     p.add_argument("--cudnn", action="store_true",
                    help="decode: also the step through SDPA's cuDNN backend (after the "
                         "contiguous flash_cuda step)")

@@ -214,9 +214,8 @@ def keysplit_runs(prof):
 
 
 def runs_ring_tiles():
-    """Whether the kvcache op's d128 key-split steps take the warp-specialised ring tiles here
-    (kernels/decode.h plan_decode_tile: compute capability 9.0, the sm90 kernels not switched
-    off, FLASH_CUDA_DECODE_RING not 0)."""
+    """Whether the warp-specialised ring tiles can run here (kernels/decode.h plan_decode_tile:
+    compute capability 9.0, the sm90 kernels not switched off, FLASH_CUDA_DECODE_RING not 0)."""
     return (torch.cuda.get_device_capability() == (9, 0) and
             os.environ.get("FLASH_CUDA_SM90") != "0" and
             os.environ.get("FLASH_CUDA_DECODE_RING") != "0")
