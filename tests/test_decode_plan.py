@@ -98,9 +98,14 @@ def test_decode_plan_pinned(plans, cell):
     assert plans[cell] == PINNED[cell]
 
 
+@pytest.fixture(scope="module")
+def plans_sm90(plan_binary):
+    return run_plan(plan_binary, "sm90")
+
+
 @pytest.mark.parametrize("cell", sorted(PINNED_SM90))
-def test_decode_plan_pinned_sm90(plan_binary, cell):
-    assert run_plan(plan_binary, "sm90")[cell] == PINNED_SM90[cell]
+def test_decode_plan_pinned_sm90(plans_sm90, cell):
+    assert plans_sm90[cell] == PINNED_SM90[cell]
 
 
 def test_decode_plan_covers_the_grid(plans):
