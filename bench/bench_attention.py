@@ -630,11 +630,11 @@ class Bench:
                 row["tbps_best"] = row["tbps_graph"] if use_graph else row["tbps"]
             self.add(row)
 
-        def flash(block_table=None, caches=None, num_splits=0):
+        def flash(block_table=None, caches=None, num_splits=0, lens=seqlens):
             def make():
                 self.fc.need()
                 k_, v_ = caches or (kc, vc)
-                return (lambda: self.fc.decode(q, k_, v_, seqlens, c["causal"], block_table,
+                return (lambda: self.fc.decode(q, k_, v_, lens, c["causal"], block_table,
                                                num_splits)), ""
             return make
 
@@ -656,6 +656,8 @@ class Bench:
                 timed(impl, flash())
             elif impl == "flash_cuda_append":
                 timed(impl, flash_append())
+            elif impl == "flash_cuda_full":  # the peers' call: no per-sequence key counts
+                timed(impl, flash(lens=None))
         # --paged (flash_cuda_p<page>), --paged-in-order (flash_cuda_po<page>), --paged with
         # --decode-splits (flash_cuda_p<page>s<num_splits>): one paged copy per page spec.
         paged_impls = {}

@@ -21,6 +21,8 @@ DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 # plan_decode_tile; read per call). Each value: (VAR, VALUE, VAR, VALUE, ...).
 # flash_cuda_hmajor: flash_cuda on caches held head-major, (b, h_kv, s, d) in memory as SDPA's
 # peers get them, passed as (b, s, h_kv, d) views (decode only).
+# flash_cuda_full: flash_cuda without cache_seqlens (every sequence the whole cache), the call
+# the SDPA peers make: no per-sequence key count to load before the first K/V copies.
 DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
                     "flash_cuda_nopdl": ("FLASH_CUDA_PDL", "0"),
                     "flash_cuda_ring0": ("FLASH_CUDA_DECODE_RING", "0"),
@@ -30,9 +32,10 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
 # append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
                   "flash_cuda_sm90pp", *DECODE_ENV_IMPLS, "flash_cuda_append",
-                  "flash_cuda_hmajor"]
+                  "flash_cuda_hmajor", "flash_cuda_full"]
 # EFFICIENT is no decode peer here
 DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "flash_cuda_append", "flash_cuda_hmajor",
+                "flash_cuda_full",
                 "cudnn", "fa2", "math")
 
 

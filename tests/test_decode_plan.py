@@ -57,14 +57,22 @@ PINNED = {
 # (decode.h plan_decode_tile). Session 21 (runs 116-118): paged 32-row steps of at most one CTA
 # per SM in the plain plan, with at least 8 key blocks per CTA, take the ring; the rest keep the
 # plain plans above (b1 kv32k and b32 kv1k: 4 blocks per CTA, 0.94-1.00x on the ring).
+# Session 22 (runs 122-123): paged steps whose tiles the ring runs unsplit in one wave take it
+# too (GQA b8 kv1k at 1, 4 and 8 query tokens, page 16 1.02-1.10x, page 256 1.08-1.16x; MQA
+# b128 kv8k 1.03 / 1.04x).
 PINNED_SM90 = {
+    "d128 paged q1 h32/8 b8 kv1024": "ring16 kb64 ctas/sm 1 tiles 64 splits 1 ctas 64",
+    "d128 paged q4 h32/8 b8 kv1024": "ring16 kb64 ctas/sm 1 tiles 64 splits 1 ctas 64",
+    "d128 paged q8 h32/8 b8 kv1024": "ring32 kb64 ctas/sm 1 tiles 64 splits 1 ctas 64",
+    "d128 paged q1 h32/1 b128 kv8192": "ring32 kb64 ctas/sm 1 tiles 128 splits 1 ctas 128",
+    "d128 paged q1 h32/8 b1 kv8192": "keysplit16 kb64 ctas/sm 2 tiles 8 splits 32 ctas 256",
+    "d128 paged q1 h32/32 b1 kv1024": "keysplit16 kb64 ctas/sm 2 tiles 32 splits 8 ctas 256",
     "d128 paged q1 h32/1 b1 kv131072": "ring32 kb64 ctas/sm 1 tiles 1 splits 128 ctas 128",
     "d128 paged q1 h32/1 b128 kv1024": "ring32 kb64 ctas/sm 1 tiles 128 splits 1 ctas 128",
     "d128 paged q1 h32/1 b8 kv8192": "ring32 kb64 ctas/sm 1 tiles 8 splits 16 ctas 128",
     "d128 paged q1 h32/1 b1 kv32768": "keysplit32 kb64 ctas/sm 2 tiles 1 splits 128 ctas 128",
     "d128 paged q1 h32/1 b32 kv1024": "keysplit32 kb64 ctas/sm 2 tiles 32 splits 4 ctas 128",
     "d128 paged q1 h32/1 b32 kv8192": "keysplit32 kb64 ctas/sm 2 tiles 32 splits 8 ctas 256",
-    "d128 paged q1 h32/8 b8 kv1024": "keysplit16 kb64 ctas/sm 2 tiles 64 splits 4 ctas 256",
     "d128 contiguous q1 h32/1 b1 kv131072":
         "keysplit32 kb64 ctas/sm 1 tiles 1 splits 128 ctas 128",
     "d128 contiguous q1 h32/8 b32 kv8192":

@@ -327,16 +327,20 @@ def test_kvcache_ring_tile(case, rows, monkeypatch):
 
 
 # The default rule (kernels/decode.h plan_decode_tile): paged 32-row steps whose plain plan puts
-# at most one CTA on each SM, with at least 8 key blocks per CTA, take the ring tile; contiguous
-# ones, 16-row ones and paged 32-row ones with shorter splits keep the plain key-split tiles.
-# (case, rows, block_n, ring) on 132 SMs; these MQA cases get one KV head (run_case's draw):
-# 8 tiles, 16 splits of 8 blocks; at b1, 64 splits of 2 blocks.
+# at most one CTA on each SM, with at least 8 key blocks per CTA, take the ring tile, and so do
+# paged steps of 16 or 32 rows whose tiles the ring runs in one wave without a split (at least
+# 8 blocks each); contiguous ones, and paged ones with shorter or more splits, keep the plain
+# key-split tiles. (case, rows, block_n, ring) on 132 SMs; these MQA cases get one KV head
+# (run_case's draw): 8 tiles, 16 splits of 8 blocks; at b1, 64 splits of 2 blocks. The 16-row
+# ring cases: 64 tiles (one KV head) and 128 (two) of 16 blocks, one split each.
 RING_RULE_CASES = [
     ((8, 8192, 1, 128, 32, "paged16", "plain", 0), 32, 64, True),
     ((8, 8192, 1, 128, 32, "paged256", "causal", 0), 32, 64, True),
     ((1, 8192, 1, 128, 32, "paged16", "plain", 0), 32, 64, False),
     ((8, 8192, 1, 128, 32, "contiguous", "plain", 0), 32, 64, False),
     ((8, 8192, 1, 128, 4, "paged16", "plain", 0), 16, 64, False),
+    ((64, 1024, 1, 128, 4, "paged16", "plain", 0), 16, 64, True),
+    ((64, 1024, 1, 128, 4, "paged256", "plain", 0), 16, 64, True),
 ]
 
 

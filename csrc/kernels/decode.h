@@ -361,15 +361,23 @@ inline void plan_key_blocks(FwdParams& p, int num_sms) {
 // ring of 6 64-key slots while the 4 compute warps only compute; one CTA per SM, 256 threads),
 // sm_90 only, at the head dims of has_ring_keysplit_tile. Measured against the plain key-split
 // tiles (bench/NOTES.md session 21, runs 116-118), the ring is slower on contiguous caches
-// (0.978-0.981 over the one-token grid) and on paged 16-row calls, but takes the page
+// (0.978-0.981 over the one-token grid) and on most paged 16-row calls, but takes the page
 // arithmetic off the compute warps of paged 32-row calls (MQA) whose plain plan has at most one
 // CTA per SM, the case where the plain tile's one warp per scheduler issues those instructions
 // itself (run 53), if each CTA has kRingMinBlocks key blocks or more to amortise the ring's setup
 // (its barriers, one more hand-off before the first block): page 16 MQA b128 kv1k (16 blocks per
 // CTA) 1.066-1.086x in three runs, b1 kv131k (16) 1.025-1.050x, b8 kv8k (8) 1.004-1.044x; with
 // 4 blocks per CTA b1 kv32k 0.953-0.973x and b32 kv1k 0.941-0.998x. So the kvcache op takes it
-// there (plan_decode_tile). FLASH_CUDA_DECODE_RING in the environment (read per call): 0 never,
-// 1 on every d128 key-split call (A/B runs), unset: the rule.
+// there (plan_decode_tile). Paged calls of 16 or 32 rows whose tiles fill at most one wave at
+// one CTA per SM, so that the ring runs them unsplit (no partials, no combine kernel), with at
+// least kRingMinBlocks key blocks per tile, take it too (session 22, bench/NOTES.md runs
+// 122-124): GQA b8 kv1k (64 tiles of 16 blocks; the plain plan has 4 splits at two CTAs per SM,
+// and unsplit at one CTA per SM the plain paged copy ran at 0.77x contiguous, page 16), ring
+// over plain at 1, 4 and 8 query tokens: page 16 1.022 / 1.042 / 1.097, page 256 1.081 / 1.088
+// / 1.155 (run 123; run 122, one token: 1.03 / 1.06); MQA b128 kv8k (128 tiles) 1.028 / 1.044.
+// Ring plans that kept 2-32 splits on 64-128 CTAs lost (MHA b1 kv1k 0.94, GQA b1 kv32k 0.97,
+// MHA b1 kv8k 0.96). FLASH_CUDA_DECODE_RING in the environment (read per call): 0 never, 1 on
+// every d128 key-split call (A/B runs), unset: the rule.
 constexpr int kRingMinBlocks = 8;
 enum class RingChoice { kRule, kOff, kAll };
 inline RingChoice ring_choice() {
@@ -381,9 +389,10 @@ constexpr bool has_ring_keysplit_tile(int kernel_head_dim) { return kernel_head_
 
 // The kvcache op's tile choice (after plan_gqa_packing, before num_splits): the key-split tiles
 // of plan_key_blocks, or the ring tiles where `ring_device` (an sm_90 GPU with the sm_90
-// kernels on) and ring_choice() allow: always with kAll, else paged calls on 32-row tiles whose
-// plain plan (the split heuristic's count) puts at most one CTA on each SM, with at least
-// kRingMinBlocks key blocks per CTA. Shapes only (seqlen_k is the capacity).
+// kernels on) and ring_choice() allow: always with kAll, else paged calls with at least
+// kRingMinBlocks key blocks per CTA either on 32-row tiles whose plain plan (the split
+// heuristic's count) puts at most one CTA on each SM, or on tiles the ring's own plan (one CTA
+// per SM) runs in one wave without a split. Shapes only (seqlen_k is the capacity).
 inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
     p.kv_ring = false;
     plan_key_blocks(p, num_sms);
@@ -393,12 +402,24 @@ inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
         return;
     }
     if (ring == RingChoice::kRule) {
-        if (p.block_table == nullptr || keysplit_rows(p) <= 16) return;
+        if (p.block_table == nullptr) return;
         const int64_t tiles = num_tiles(p);
-        const SplitGeometry geometry = split_geometry(p);
-        const int splits = num_splits(0, tiles, p.seqlen_k, true, geometry, num_sms);
-        const int blocks_per_split = key_blocks(p.seqlen_k, geometry.key_block) / splits;
-        if (tiles * splits > num_sms || blocks_per_split < kRingMinBlocks) return;
+        auto splits_of = [&](const SplitGeometry& geometry) {
+            return num_splits(0, tiles, p.seqlen_k, true, geometry, num_sms);
+        };
+        // One wave (tiles x splits <= SMs) of CTAs with kRingMinBlocks key blocks or more.
+        auto long_single_wave = [&](const SplitGeometry& geometry, int splits) {
+            return tiles * splits <= num_sms &&
+                   key_blocks(p.seqlen_k, geometry.key_block) / splits >= kRingMinBlocks;
+        };
+        const SplitGeometry plain = split_geometry(p);
+        const bool plain_rule = keysplit_rows(p) > 16 && long_single_wave(plain, splits_of(plain));
+        // The ring's own plan (split_geometry with kv_ring: one CTA per SM).
+        const int bn = block_n(p.d_rounded);
+        const SplitGeometry ring_geometry{bn, bn, 1};
+        const bool unsplit_rule =
+            splits_of(ring_geometry) == 1 && long_single_wave(ring_geometry, 1);
+        if (!plain_rule && !unsplit_rule) return;
     }
     p.kv_ring = true;
     p.wide_key_blocks = false;
