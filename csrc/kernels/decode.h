@@ -251,12 +251,16 @@ inline int paged_floor_blocks(const FwdParams& p) {
 inline SplitGeometry wide_split_geometry(const FwdParams& p) {
     return {kWideKeyBlock, block_n(p.d_rounded), kWideCtasPerSm};
 }
+// The warp-specialised tiles' (kv_ring): one CTA per SM (256 threads of up to 255 registers),
+// paged or not (the producer warps do the page arithmetic: the compute warps' instructions per
+// block are those of a contiguous cache).
+inline SplitGeometry ring_split_geometry(const FwdParams& p) {
+    const int bn = block_n(p.d_rounded);
+    return {bn, bn, 1};
+}
 inline SplitGeometry split_geometry(const FwdParams& p) {
     const int bn = block_n(p.d_rounded);
-    // The warp-specialised tiles: one CTA per SM (256 threads of up to 255 registers), paged or
-    // not (the producer warps do the page arithmetic: the compute warps' instructions per block
-    // are those of a contiguous cache).
-    if (p.kv_ring) return {bn, bn, 1};
+    if (p.kv_ring) return ring_split_geometry(p);
     if (p.wide_key_blocks) return wide_split_geometry(p);
     if (p.block_table != nullptr) return {bn, bn, kPagedCtasPerSm, paged_floor_blocks(p)};
     // The key-split tiles' contiguous calls count one CTA per SM (d64 / d128 as measured in
@@ -414,9 +418,7 @@ inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
         };
         const SplitGeometry plain = split_geometry(p);
         const bool plain_rule = keysplit_rows(p) > 16 && long_single_wave(plain, splits_of(plain));
-        // The ring's own plan (split_geometry with kv_ring: one CTA per SM).
-        const int bn = block_n(p.d_rounded);
-        const SplitGeometry ring_geometry{bn, bn, 1};
+        const SplitGeometry ring_geometry = ring_split_geometry(p);  // the ring's own plan
         const bool unsplit_rule =
             splits_of(ring_geometry) == 1 && long_single_wave(ring_geometry, 1);
         if (!plain_rule && !unsplit_rule) return;
