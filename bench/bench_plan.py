@@ -18,7 +18,10 @@ DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 # row at >= 8 splits; combine.cuh), flash_cuda_nopdl the combine launched without programmatic
 # dependent launch (params.h combine_pdl), flash_cuda_ring0 / _ring1 the d128 key-split steps
 # never / always on the warp-specialised ring tiles (FLASH_CUDA_DECODE_RING, kernels/decode.h
-# plan_decode_tile; read per call). Each value: (VAR, VALUE, VAR, VALUE, ...).
+# plan_decode_tile; read per call), flash_cuda_hg1 the one-token steps without head groups,
+# flash_cuda_hg2 / _hg4 / _hg8 / _hg16 with head groups of the largest possible G <= 2 / 4 / 8 /
+# 16 wherever possible (FLASH_CUDA_DECODE_HGROUP, kernels/decode.h plan_packing; read per call).
+# Each value: (VAR, VALUE, VAR, VALUE, ...).
 # flash_cuda_hmajor: flash_cuda on caches held head-major, (b, h_kv, s, d) in memory as SDPA's
 # peers get them, passed as (b, s, h_kv, d) views (decode only).
 # flash_cuda_full: flash_cuda without cache_seqlens (every sequence the whole cache), the call
@@ -26,7 +29,13 @@ DEFAULT_IMPLS = ["flash_cuda", "cudnn", "fa2", "efficient", "math"]
 DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
                     "flash_cuda_nopdl": ("FLASH_CUDA_PDL", "0"),
                     "flash_cuda_ring0": ("FLASH_CUDA_DECODE_RING", "0"),
-                    "flash_cuda_ring1": ("FLASH_CUDA_DECODE_RING", "1")}
+                    "flash_cuda_ring1": ("FLASH_CUDA_DECODE_RING", "1"),
+                    # head groups (kernels/decode.h plan_packing): off (hg1), G forced, at most N
+                    "flash_cuda_hg1": ("FLASH_CUDA_DECODE_HGROUP", "1"),
+                    "flash_cuda_hg2": ("FLASH_CUDA_DECODE_HGROUP", "2"),
+                    "flash_cuda_hg4": ("FLASH_CUDA_DECODE_HGROUP", "4"),
+                    "flash_cuda_hg8": ("FLASH_CUDA_DECODE_HGROUP", "8"),
+                    "flash_cuda_hg16": ("FLASH_CUDA_DECODE_HGROUP", "16")}
 # flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
 # cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
 # append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.

@@ -840,19 +840,21 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
         params.block_table_cols = static_cast<int>(block_table->size(1));
         params.num_pages = static_cast<int>(k_cache.size(0));
     }
-    // GQA packing (decode.h): the query heads of a KV head become the rows of one tile, by
-    // re-striding q/o (one query row, no left window) or in the kernel (up to 64 query rows).
-    // Not with ALiBi.
-    decode::plan_gqa_packing(params);
     params.launch_pdl = appended.launched && use_pdl(q);  // split-KV tiles only (fwd_launch)
     int num_sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
+    const bool ring_device = device_is_sm90(q) && sm90_mode() != Sm90Mode::kOff;
+    // Packing (decode.h): one-token steps on contiguous caches may put several KV heads in one
+    // tile (head groups); else the query heads of a KV head become the rows of one tile, by
+    // re-striding q/o (one query row, no left window) or in the kernel (up to 64 query rows).
+    // Not with ALiBi.
+    decode::plan_packing(params, num_sms, ring_device);
     // d128 key-split calls: 128-key blocks where they pay; on sm_90 (unless FLASH_CUDA_SM90=0,
     // what an A100 runs) the warp-specialised ring tiles where decode.h's rule takes them.
-    decode::plan_decode_tile(params, num_sms,
-                             device_is_sm90(q) && sm90_mode() != Sm90Mode::kOff);
+    decode::plan_decode_tile(params, num_sms, ring_device);
     params.num_splits = decode::num_splits(static_cast<int>(num_splits), decode::num_tiles(params),
-                                           params.seqlen_k, decode::uses_decode_tile(params),
+                                           decode::key_columns(params),
+                                           decode::uses_decode_tile(params),
                                            decode::split_geometry(params), num_sms);
     // Split-KV workspaces: sizes from shapes only (CUDA-graph capturable).
     at::Tensor out_accum, lse_accum;

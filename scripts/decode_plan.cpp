@@ -11,6 +11,7 @@
 // FLASH_CUDA_DECODE_RING, ...) apply as in the library.
 // One line per cell: "d128 contiguous q1 h32/8 b1 kv1024: keysplit16 kb64 ctas/sm 1 tiles 8
 // splits 8 ctas 64". tests/test_decode_plan.py pins the plans the benchmarks measured.
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -53,19 +54,28 @@ void print_plan(int d, int page, int seqlen_q, int h, int h_k, int b, int seqlen
     p.p_keep = 1.f;
     p.window_size_left = -1;
     p.window_size_right = -1;
+    p.scale_softmax = 1.f / std::sqrt(static_cast<float>(d));  // plain: no ALiBi, no softcap
     p.q_head_stride = d;  // (b, s, h, d) contiguous
     p.o_head_stride = d;
+    p.k_head_stride = d;
+    p.v_head_stride = d;
     static int fake_table;  // only its presence matters to the plan
     if (page > 0) p.block_table = &fake_table;
-    decode::plan_gqa_packing(p);
+    decode::plan_packing(p, num_sms, ring_device);
     decode::plan_decode_tile(p, num_sms, ring_device);
     const decode::SplitGeometry geometry = decode::split_geometry(p);
     const int64_t tiles = decode::num_tiles(p);
-    const int splits = decode::num_splits(0, tiles, p.seqlen_k, decode::uses_decode_tile(p),
+    const int splits = decode::num_splits(0, tiles, decode::key_columns(p), decode::uses_decode_tile(p),
                                           geometry, num_sms);
+    char tile[64];
+    if (p.head_group > 1) {
+        std::snprintf(tile, sizeof(tile), "%s-hg%d", tile_name(p), p.head_group);
+    } else {
+        std::snprintf(tile, sizeof(tile), "%s", tile_name(p));
+    }
     std::printf("d%d %s q%d h%d/%d b%d kv%d: %s kb%d ctas/sm %d tiles %lld splits %d ctas %lld\n",
                 d, page > 0 ? "paged" : "contiguous", seqlen_q, h, h_k, b, seqlen_k,
-                tile_name(p), geometry.key_block, geometry.ctas_per_sm,
+                tile, geometry.key_block, geometry.ctas_per_sm,
                 static_cast<long long>(tiles), splits, static_cast<long long>(tiles * splits));
 }
 

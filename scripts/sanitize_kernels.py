@@ -165,10 +165,32 @@ def ring_decode_calls():
         del os.environ["FLASH_CUDA_DECODE_RING"]
 
 
+def head_group_decode_calls():
+    """The d128 decode and unchecked calls again with FLASH_CUDA_DECODE_HGROUP=16: every
+    one-token step that can take head groups on the head-group tiles (kernels/decode.h
+    plan_packing), and MHA steps of 32 KV heads (G = 16; leftpad, cache_batch_idx, splits)."""
+    os.environ["FLASH_CUDA_DECODE_HGROUP"] = "16"
+    try:
+        decode_calls(head_dims=(128,))
+        unchecked_decode_calls()
+        b, cap, h, d = 3, 320, 32, 128
+        k_dense, v_dense = rand(b + 1, cap, h, d), rand(b + 1, cap, h, d)
+        q = rand(b, 1, h, d)
+        for splits in (1, 3, 0):
+            run(f"head groups d{d} h{h}/{h} splits {splits}",
+                lambda: flash_cuda.flash_attn_with_kvcache(
+                    q, k_dense, v_dense, cache_seqlens=ints([cap, 77, 5]),
+                    cache_batch_idx=ints([3, 0, 1]), cache_leftpad=ints([0, 9, 5]),
+                    num_splits=splits))
+    finally:
+        del os.environ["FLASH_CUDA_DECODE_HGROUP"]
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     decode_calls()
     unchecked_decode_calls()
     ring_decode_calls()
+    head_group_decode_calls()
     prefill_calls()
     print("ok")

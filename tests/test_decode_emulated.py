@@ -162,18 +162,35 @@ def heuristic_splits(tiles, seqlen_k, key_block, ctas_per_sm, num_sms, cost_bloc
     return best[0]
 
 
-def wide_qualifies(case, num_sms):
+def head_group_of(case, cap=16):
+    """kernels/decode.h head_group_size: the KV heads of one head-group tile for a case of the
+    kvcache op (pack_gqa; the key-split tile on) with FLASH_CUDA_DECODE_HGROUP=cap, 1 where the
+    case can take none. One query row, a contiguous cache, d = 128, no ALiBi / softcap / left
+    window, G the largest power of two <= cap dividing hk with G x (h / hk) <= 16 rows."""
+    _, _, d, _, h, hk, sq, _, page, _, extra = case
+    window_left = extra.get("window", (-1, -1))[0]
+    if (d != 128 or sq != 1 or page is not None or not extra.get("pack_gqa") or hk < 2
+            or h % hk or extra.get("alibi") or "softcap" in extra or window_left >= 0):
+        return 1
+    group, cap = 1, min(cap, 16 // (h // hk))
+    while group * 2 <= cap and hk % (group * 2) == 0:
+        group *= 2
+    return group
+
+
+def wide_qualifies(case, num_sms, group=1):
     """Whether a key-split case runs the 128-key tile (kernels/decode.h plan_key_blocks): kernel
     head dim 128, tiles x its most splits >= 2 CTAs per SM, 32-row tiles only where tiles >= SMs,
-    and the split count it then gets puts more than one CTA on an SM."""
+    and the split count it then gets puts more than one CTA on an SM. With head groups of G KV
+    heads: b hk / G tiles of G x the keys' columns."""
     _, _, d, b, h, hk, sq, capacity, page, _, extra = case
     packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
     if kernel_head_dim(d + (-d) % 8) != 128:
         return False
-    seqlen_k = capacity if page is None else capacity // page * page
+    seqlen_k = (capacity if page is None else capacity // page * page) * group
     most_splits = min(128, max(1, -(-seqlen_k // 128) // 2))
-    tiles = b * (hk if packed else h)
-    rows = sq * (h // hk if packed else 1)
+    tiles = b * (hk if packed else h) // group
+    rows = sq * (h // hk if packed else 1) * group
     if tiles * most_splits < 2 * num_sms or (rows > 16 and tiles < num_sms):
         return False
     return tiles * heuristic_splits(tiles, seqlen_k, 128, 2, num_sms) > num_sms
@@ -191,7 +208,7 @@ CONTIG_CASES = [c for c in KEYSPLIT_CASES if keysplit_qualifies(c) and is_contig
 
 
 @pytest.mark.parametrize("case", CONTIG_CASES, ids=lambda c: c[0])
-def test_contiguous_keysplit_same_bits(case):
+def test_contiguous_keysplit_same_bits(case, monkeypatch):
     """The key-split tile's kernel without the paged path (FLASH_CUDA_DECODE_CONTIG, on by
     default) writes the same bits as the paged-capable kernel on calls without a block table."""
     name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
@@ -202,6 +219,7 @@ def test_contiguous_keysplit_same_bits(case):
     opts = {"causal": True} if extra.get("causal") else {}
     if "window" in extra:
         opts["window"] = extra["window"]
+    monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")  # the tiles without head groups
     runs = []
     for contig in (True, False):
         runs.append(run_fwd_emulated(
@@ -243,6 +261,8 @@ def test_decode_emulated(case, tile, monkeypatch):
     if tile == "keysplit-kv64" and not wide_qualifies(case, num_sms):
         pytest.skip("the 128-key tile does not take this case either")
     monkeypatch.setenv("FLASH_CUDA_DECODE_KV128", "0" if tile == "keysplit-kv64" else "1")
+    # The tiles without head groups (test_head_groups_emulated has those).
+    monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")
     name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
     gen = torch.Generator().manual_seed(hash(name) % 2**31)
     cache_batch = extra.get("cache_batch", b)
@@ -475,3 +495,60 @@ def test_keysplit_switch_leaves_dropout_on_decode64_emulated():
                                      keysplit=keysplit))
         assert "key-split decode tile" not in driver.LAST_STDOUT
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+# Head groups (kernels/decode.h plan_packing): the query rows of G KV heads in one 16-row
+# key-split tile whose key columns are (key, KV head) pairs. G = 16 (MHA), 8 (GQA 2), 4, 2, two
+# groups per sequence, a capped G, both key tiles (64 keys on the 132-SM plan of these small
+# caches, 128 on the 1-SM one), splits with empty ones, cache lengths that end inside a block
+# and inside a copy step, an empty sequence, cache_batch_idx, cache_leftpad, and a cache whose
+# heads are not d elements apart (a padded head stride).
+HEAD_GROUP_CASES = [
+    # name, dtype, d, b, h, hk, sq, capacity, page, seqused, options
+    ("hg-mha16-split3", torch.bfloat16, 128, 2, 16, 16, 1, 200, None, [200, 37],
+     dict(num_splits=3, pack_gqa=True)),
+    ("hg-gqa2-g8-heuristic-leftpad", torch.float16, 128, 2, 16, 8, 1, 300, None, [300, 123],
+     dict(num_splits=0, pack_gqa=True, leftpad=[7, 0])),
+    ("hg-gqa4-g4-batchidx-empty", torch.bfloat16, 128, 3, 16, 4, 1, 130, None, [130, 0, 65],
+     dict(num_splits=2, pack_gqa=True, batch_idx=[3, 1, 0], cache_batch=4)),
+    ("hg-mha32-two-groups-one-block", torch.float16, 128, 1, 32, 32, 1, 64, None, [61],
+     dict(num_splits=1, pack_gqa=True)),
+    ("hg-gqa8-g2-short", torch.bfloat16, 128, 2, 16, 2, 1, 77, None, [77, 1],
+     dict(num_splits=2, pack_gqa=True)),
+    ("hg-gqa2-g8-padded-heads", torch.bfloat16, 128, 1, 16, 8, 1, 150, None, [149],
+     dict(num_splits=2, pack_gqa=True, head_pad=8)),
+]
+
+
+@pytest.mark.parametrize("sms", (132, 1))
+@pytest.mark.parametrize("cap", (16, 4))
+@pytest.mark.parametrize("case", HEAD_GROUP_CASES, ids=lambda c: c[0])
+def test_head_groups_emulated(case, cap, sms):
+    """Head groups forced (FLASH_CUDA_DECODE_HGROUP=cap: the largest possible G <= cap, whatever
+    the rule of decode.h plan_packing says) on the SM counts of the H200 and of one SM."""
+    name, dtype, d, b, h, hk, sq, capacity, page, seqused, extra = case
+    group = head_group_of(case, cap)
+    assert group > 1, "every case here takes head groups"
+    gen = torch.Generator().manual_seed(hash(name) % 2**31)
+    cache_batch = extra.get("cache_batch", b)
+    pad = extra.get("head_pad", 0)
+    # (b, s, hk, d + pad) storage, viewed as (b, s, hk, d): head stride d + pad.
+    k_store = torch.randn(cache_batch, capacity, hk, d + pad, generator=gen).to(dtype)[..., :d]
+    v_store = torch.randn(cache_batch, capacity, hk, d + pad, generator=gen).to(dtype)[..., :d]
+    q = torch.randn(b, sq, h, d, generator=gen).to(dtype)
+    batch_idx, leftpad = extra.get("batch_idx"), extra.get("leftpad")
+    out, lse = run_fwd_emulated(
+        q, k_store, v_store, seqused_k=torch.tensor(seqused, dtype=torch.int32),
+        cache_batch_idx=None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32),
+        cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32),
+        num_splits=extra["num_splits"], pack_gqa=True, keysplit=True, kvcache_op=True,
+        num_sms=sms, head_group=cap)
+    assert f"head groups (G {group})" in driver.LAST_STDOUT, driver.LAST_STDOUT
+    assert ("128-key blocks" in driver.LAST_STDOUT) == wide_qualifies(case, sms, group), \
+        driver.LAST_STDOUT
+    for i in range(b):
+        row = batch_idx[i] if batch_idx is not None else i
+        lp = leftpad[i] if leftpad is not None else 0
+        assert_close_to_oracle(out[i:i + 1], lse[i:i + 1], q[i:i + 1],
+                               k_store[row:row + 1, lp:seqused[i]],
+                               v_store[row:row + 1, lp:seqused[i]])

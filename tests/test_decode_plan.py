@@ -50,6 +50,25 @@ PINNED = {
     "d128 paged q8 h32/1 b8 kv1024": "decode64 kb64 ctas/sm 2 tiles 32 splits 4 ctas 128",
     "d128 paged q1 h32/8 b1 kv8192": "keysplit16 kb64 ctas/sm 2 tiles 8 splits 32 ctas 256",
     "d128 paged q1 h32/32 b1 kv1024": "keysplit16 kb64 ctas/sm 2 tiles 32 splits 8 ctas 256",
+    # Session 23 (runs 125-127): head groups (decode.h plan_packing) where the grouped step is
+    # unsplit on a full wave (GQA b128 kv1k 1.029-1.035x, MHA b32 kv1k at G = 4 1.029-1.030x,
+    # MHA b128 kv1k 1.017-1.018x of the plain tiles) or split on the 128-key tile with >= 96
+    # blocks per split (MHA b8 kv131k 1.017-1.022x); not where grouping would split a short
+    # step (GQA b8 / b32 kv1k, MHA b8 kv1k: 0.89-0.94x at every G) or runs the 64-key tile's
+    # splits (GQA b1 kv131k at G = 4: 0.972x).
+    "d128 contiguous q1 h32/8 b128 kv1024":
+        "keysplit16-kv128-hg4 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+    "d128 contiguous q1 h32/32 b32 kv1024":
+        "keysplit16-kv128-hg4 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+    "d128 contiguous q1 h32/32 b128 kv1024":
+        "keysplit16-kv128-hg16 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+    "d128 contiguous q1 h32/32 b8 kv131072":
+        "keysplit16-kv128-hg16 kb128 ctas/sm 2 tiles 16 splits 33 ctas 528",
+    "d128 contiguous q1 h32/8 b8 kv1024": "keysplit16 kb64 ctas/sm 1 tiles 64 splits 1 ctas 64",
+    "d128 contiguous q1 h32/32 b8 kv1024":
+        "keysplit16-kv128 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+    "d128 contiguous q1 h32/8 b1 kv131072":
+        "keysplit16-kv128 kb128 ctas/sm 2 tiles 8 splits 32 ctas 256",
 }
 
 

@@ -92,11 +92,13 @@ class Cache:
         return self.k[idx].flatten(0, 1), self.v[idx].flatten(0, 1)
 
 
-def run_case(case, dtype):
+def run_case(case, dtype, hk=None):
+    """hk: the KV heads (default: 1 or 2 for GQA, 1 or 4 for MHA, drawn from the case)."""
     b, capacity, s_new, d, g, layout, feature, num_splits = case
     rng = random.Random(zlib.crc32(repr(case).encode()))
     gen = torch.Generator(device="cuda").manual_seed(rng.randint(0, 1 << 30))
-    hk = rng.choice((1, 2)) if g > 1 else rng.choice((1, 4))
+    drawn_hk = rng.choice((1, 2)) if g > 1 else rng.choice((1, 4))
+    hk = drawn_hk if hk is None else hk
     h = hk * g
     capacity = max(capacity, s_new)
     page = int(layout[5:]) if layout.startswith("paged") else None
@@ -194,22 +196,25 @@ WIDE_TILE_CASES = [
     ((136, 1000, 1, 128, 32, "batch_idx", "softcap", 0), 32),
 ]
 # A key-split kernel's traits in its name (FwdKeySplitTraits<HeadDim, BlockN, Stages, RowSlices,
-# PagedKV, ProducerWarps>), demangled or mangled: (block_n, row slices (1: 16 rows, 2: 32),
-# PagedKV as 0 / 1, producer warps (4: the warp-specialised ring tile, 0: the plain one)).
-_KEYSPLIT_TILE = re.compile(r"FwdKeySplitTraits<\d+, (\d+), \d, (\d), (true|false), (\d)>|"
-                            r"FwdKeySplitTraitsILi\d+ELi(\d+)ELi\dELi(\d)ELb([01])ELi(\d)E")
+# PagedKV, ProducerWarps, HeadGroups>), demangled or mangled: (block_n, row slices (1: 16 rows,
+# 2: 32), PagedKV as 0 / 1, producer warps (4: the warp-specialised ring tile, 0: the plain one),
+# HeadGroups as 0 / 1).
+_KEYSPLIT_TILE = re.compile(
+    r"FwdKeySplitTraits<\d+, (\d+), \d, (\d), (true|false), (\d)(?:, (true|false))?>|"
+    r"FwdKeySplitTraitsILi\d+ELi(\d+)ELi\dELi(\d)ELb([01])ELi(\d)E(?:Lb([01])E)?")
 
 
 def keysplit_runs(prof):
-    """{(block_n, row slices, paged-capable, ring tile)} of the key-split kernels a profile
-    shows."""
+    """{(block_n, row slices, paged-capable, ring tile, head groups)} of the key-split kernels
+    a profile shows."""
     runs = set()
     for e in prof.events():
         m = _KEYSPLIT_TILE.search(e.name)
         if m:
             g = m.groups()
-            n, slices, paged, producers = g[:4] if g[0] is not None else g[4:]
-            runs.add((int(n), int(slices), paged in ("true", "1"), int(producers) > 0))
+            n, slices, paged, producers, groups = g[:5] if g[0] is not None else g[5:]
+            runs.add((int(n), int(slices), paged in ("true", "1"), int(producers) > 0,
+                      groups in ("true", "1")))
     return runs
 
 
@@ -230,20 +235,21 @@ def expects_paged_kernel(case):
             os.environ.get("FLASH_CUDA_DECODE_CONTIG") == "0")
 
 
-def check_keysplit_kernel(case, dtype, *, block_n, rows, ring=False):
-    """Runs a grid case (checked like the grid) under the profiler, which must show exactly
-    one key-split kernel: block_n-key blocks, rows // 16 row slices, the paged-capable one or
-    its twin without the paged path as expects_paged_kernel says, and the ring tile or not."""
+def check_keysplit_kernel(case, dtype, *, block_n, rows, ring=False, groups=False, hk=None):
+    """Runs a grid case (checked like the grid; hk: run_case's) under the profiler, which must
+    show exactly one key-split kernel: block_n-key blocks, rows // 16 row slices, the
+    paged-capable one or its twin without the paged path as expects_paged_kernel says, the ring
+    tile or not, the head-group twin or not."""
     from torch.profiler import ProfilerActivity, profile
 
     kernel_dim = kernel_head_dim(case[3])
     if kernel_dim not in built_head_dims():
         pytest.skip(f"head dim {kernel_dim} not built (FLASH_CUDA_HEADDIMS)")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_case(case, dtype)
+        run_case(case, dtype, hk=hk)
         torch.cuda.synchronize()
     runs = keysplit_runs(prof)
-    assert runs == {(block_n, rows // 16, expects_paged_kernel(case), ring)}, \
+    assert runs == {(block_n, rows // 16, expects_paged_kernel(case), ring, groups)}, \
         f"key-split runs: {runs}"
 
 
@@ -258,6 +264,7 @@ def test_kvcache_128key_tile(case, rows, monkeypatch):
     TraitsWide32) where the ring tiles do not run (FLASH_CUDA_DECODE_RING=0): checked like the
     grid, and the profiler must show that tile's kernel (the paged-capable one or its twin
     without the paged path, as expects_paged_kernel says)."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")  # the tiles without head groups
     monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "0")
     dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
     check_keysplit_kernel(case, dtype, block_n=128, rows=rows)
@@ -287,6 +294,7 @@ def test_kvcache_keysplit_kernel(case, rows, monkeypatch):
     """The 64-key key-split steps (FLASH_CUDA_DECODE_RING=0 at d128) run the paged-capable
     kernel or its twin without the paged path as expects_paged_kernel says, and are checked like
     the grid."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")  # the tiles without head groups
     monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "0")
     check_keysplit_kernel(case, torch.bfloat16, block_n=64, rows=rows)
 
@@ -321,6 +329,7 @@ def test_kvcache_ring_tile(case, rows, monkeypatch):
     """The warp-specialised ring tiles on every d128 key-split step (FLASH_CUDA_DECODE_RING=1):
     checked like the grid (outputs, lse and the cache after the append), and the profiler must
     show the ring kernel (the paged-capable one or its twin as expects_paged_kernel says)."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")  # the tiles without head groups
     monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "1")
     dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
     check_keysplit_kernel(case, dtype, block_n=64, rows=rows, ring=True)
@@ -354,8 +363,78 @@ RING_RULE_CASES = [
 def test_kvcache_ring_rule(case, rows, block_n, ring, monkeypatch):
     """Without FLASH_CUDA_DECODE_RING the ring tile runs where the rule says, checked like the
     grid."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")  # the tiles without head groups
     monkeypatch.delenv("FLASH_CUDA_DECODE_RING", raising=False)
     check_keysplit_kernel(case, torch.bfloat16, block_n=block_n, rows=rows, ring=ring)
+
+
+# Head groups (kernels/decode.h plan_packing): one-token d128 steps on contiguous caches without
+# ALiBi, softcap or a left window can run the head-group twin of the key-split tile, G KV heads'
+# query rows per tile (G = 16 for MHA, 8 / 4 / 2 for 2 / 4 / 8 query heads per KV head); the
+# rest keep the plain tiles. Forced (FLASH_CUDA_DECODE_HGROUP=16: the largest possible G):
+# (case, hk, block_n, groups) with the plans of 132 SMs (tiles x splits): 6 x 42, 17 x 15, 4 x 3,
+# 1 x 8 (63 keys x 8 heads, one 64-column block a split), 17 x 1, 128 x 2; softcap and a left
+# window 96 / 48 x 1 on the plain 64-key tile.
+HEAD_GROUP_CASES = [
+    ((3, 1000, 1, 128, 1, "contiguous", "plain", 0), 32, 128, True),
+    ((17, 8192, 0, 128, 1, "leftpad", "causal", 0), 16, 128, True),
+    ((2, 8192, 1, 128, 4, "batch_idx", "plain", 3), 8, 128, True),
+    ((1, 63, 1, 128, 2, "contiguous", "plain", 16), 8, 64, True),
+    ((17, 1000, 0, 128, 8, "contiguous", "causal", 1), 2, 64, True),
+    ((64, 1000, 1, 128, 1, "contiguous", "plain", 0), 32, 128, True),
+    ((3, 1000, 1, 128, 1, "contiguous", "softcap", 0), 32, 64, False),
+    ((3, 1000, 1, 128, 1, "contiguous", "window", 0), 16, 64, False),
+]
+needs_h200_sms = pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.get_device_properties(0).multi_processor_count != 132,
+    reason="the cases' plans are those of 132 SMs (the H200)")
+
+
+@needs_cuda
+@needs_h200_sms
+@pytest.mark.parametrize("case,hk,block_n,groups", HEAD_GROUP_CASES,
+                         ids=lambda c: case_id(c) if isinstance(c, tuple) else str(c))
+def test_kvcache_head_groups(case, hk, block_n, groups, monkeypatch):
+    """FLASH_CUDA_DECODE_HGROUP=16: the head-group twin runs wherever head groups are possible
+    (never the ring tile), checked like the grid: outputs, lse, the cache after the append."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "16")
+    dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
+    check_keysplit_kernel(case, dtype, block_n=block_n, rows=16, groups=groups, hk=hk)
+
+
+# The default rule (decode.h plan_packing: the largest G whose plan is unsplit on nearly as many
+# CTAs as the plan without head groups, up to a wave): MHA b128 kv1k G = 16 and b32 kv1k G = 4
+# (256 tiles; 3 explicit splits there), GQA 4 b128 kv1k G = 4; MHA b8 and GQA b32 kv1k keep the
+# plain tiles (head groups would split them). All on the 128-key tile, on 132 SMs.
+HEAD_GROUP_RULE_CASES = [
+    ((128, 1000, 1, 128, 1, "contiguous", "plain", 0), 32, True),
+    ((128, 1000, 0, 128, 4, "leftpad", "causal", 0), 8, True),
+    ((32, 1000, 1, 128, 1, "batch_idx", "plain", 3), 32, True),
+    ((8, 1000, 1, 128, 1, "contiguous", "plain", 0), 32, False),
+    ((32, 1000, 1, 128, 4, "contiguous", "plain", 0), 8, False),
+]
+
+
+@needs_cuda
+@needs_h200_sms
+@pytest.mark.parametrize("case,hk,groups", HEAD_GROUP_RULE_CASES,
+                         ids=lambda c: case_id(c) if isinstance(c, tuple) else str(c))
+def test_kvcache_head_group_rule(case, hk, groups, monkeypatch):
+    """Without FLASH_CUDA_DECODE_HGROUP head groups run where the rule says, checked like the
+    grid."""
+    monkeypatch.delenv("FLASH_CUDA_DECODE_HGROUP", raising=False)
+    check_keysplit_kernel(case, torch.bfloat16, block_n=128, rows=16, groups=groups, hk=hk)
+
+
+@needs_cuda
+@needs_h200_sms
+@pytest.mark.parametrize("cap", (2, 4, 8))
+def test_kvcache_head_group_caps(cap, monkeypatch):
+    """FLASH_CUDA_DECODE_HGROUP=N forces G = N (MHA, 32 KV heads; 80 / 40 / 20 tiles of the
+    128-key tile on 132 SMs): every G of the head-group tile gives the oracle's result."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", str(cap))
+    case = (5, 1000, 1, 128, 1, "leftpad", "plain", 0)
+    check_keysplit_kernel(case, torch.bfloat16, block_n=128, rows=16, groups=True, hk=32)
 
 
 @needs_cuda

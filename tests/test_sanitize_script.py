@@ -16,6 +16,7 @@ def test_sanitize_script_runs_on_cpu():
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert lines[-1] == "ok"
-    # (head dims + d128 again on the ring tiles) x (heads, query rows) x split counts x
-    # (contiguous + three page sizes)
-    assert sum(line.startswith("decode") for line in lines) == (4 + 1) * 4 * 2 * 4
+    # (head dims + d128 again on the ring tiles and on the head-group tiles) x (heads, query
+    # rows) x split counts x (contiguous + three page sizes)
+    assert sum(line.startswith("decode") for line in lines) == (4 + 2) * 4 * 2 * 4
+    assert sum(line.startswith("head groups") for line in lines) == 3

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "kernels/bias_flags.h"
 #include "kernels/params.h"
 
 namespace flash_cuda {
@@ -204,7 +205,77 @@ inline bool gqa_packable_in_kernel(const FwdParams& p) {
            p.alibi_slopes_ptr == nullptr && p.cu_seqlens_q == nullptr;
 }
 
-// The kvcache op's packing decision: re-strided when exact, else in the kernel where possible.
+// Head groups. A one-token step on a contiguous cache (b, s, h_k, d) reads, per KV head, rows of
+// d elements h_k d elements apart; the head-major layout of cuDNN's call, where each head's rows
+// are contiguous, streamed ~2% faster at the same kernel (bench/NOTES.md session 21,
+// flash_cuda_hmajor). With head groups the query rows of G = head_group KV heads (R = h / h_k
+// rows each, G R <= 16) share one 16-row key-split tile whose key columns are the (key, KV head)
+// pairs of those heads in memory order: column j is key j / G of the tile's KV head j % G, so a
+// CTA reads the G heads' rows of each key as one contiguous G d-element run, and a step has
+// G times fewer tiles of G times more columns. Tile row r (query head g0 R + r) sees column j
+// only where j % G == r / R (a mask on every block, sm80/fwd.cuh): the same MMAs per K/V byte
+// as the packed GQA tile (R useful rows of 16). Re-strided on the host like pack_gqa: q / o rows
+// are the G R query heads, h = h / (G R).
+// Possible for one-token calls on contiguous caches without ALiBi, softcap, left window or
+// dropout (the contiguous plain key-split kernels have a head-group twin: has_head_group_tile),
+// with G a power of two dividing h_k (each copying thread's rows then stay at one head of the
+// group: sm80/fwd.cuh load_kv_tile); plan_packing below says where they are taken.
+// FLASH_CUDA_DECODE_HGROUP in the environment (read per call): 0 or 1 never, N > 1 the largest
+// possible G <= N wherever one is possible (A/B runs); unset: plan_packing's rule.
+constexpr int kMaxHeadGroup = 16;
+constexpr bool has_head_group_tile(int kernel_head_dim) { return kernel_head_dim == 128; }
+// 0: the rule; 1: off; N > 1: forced, at most N.
+inline int head_group_forced() {
+    const char* env = std::getenv("FLASH_CUDA_DECODE_HGROUP");
+    if (env == nullptr || env[0] == '\0') return 0;
+    return std::max(1, std::min(kMaxHeadGroup, std::atoi(env)));
+}
+// The largest G <= cap a call can take (1: none). Shapes and flags only.
+inline int head_group_size(const FwdParams& p, int cap) {
+    const ScoreBias bias = fwd_score_bias(p);
+    const bool plain = !bias.alibi && !bias.softcap && p.p_keep >= 1.f;
+    if (!plain || p.seqlen_q != 1 || p.block_table != nullptr || p.cu_seqlens_q != nullptr ||
+        p.cu_seqlens_k != nullptr || p.window_size_left >= 0 || p.h_k < 2 ||
+        p.h % p.h_k != 0 || !has_head_group_tile(p.d_rounded) || p.d != p.d_rounded ||
+        !keysplit_enabled() || !contiguous_keysplit(p)) {
+        return 1;
+    }
+    const int rows_per_head = p.h / p.h_k;
+    int group = 1;
+    cap = std::min(cap, kMaxHeadGroup / rows_per_head);
+    while (group * 2 <= cap && p.h_k % (group * 2) == 0) group *= 2;
+    // Column indices stay far inside int.
+    if (static_cast<int64_t>(p.seqlen_k) * group >= (int64_t{1} << 30)) return 1;
+    return group;
+}
+inline void pack_head_groups(FwdParams& p, int group) {
+    const int rows = group * p.h_h_k_ratio;  // query heads of one tile
+    p.head_group = group;
+    p.head_group_rows = p.h_h_k_ratio;
+    p.k_group_head_stride = p.k_head_stride;
+    p.v_group_head_stride = p.v_head_stride;
+    p.k_head_stride *= group;
+    p.v_head_stride *= group;
+    p.q_row_stride = p.q_head_stride;
+    p.q_head_stride *= rows;
+    p.o_row_stride = p.o_head_stride;
+    p.o_head_stride *= rows;
+    p.seqlen_q = rows;
+    p.seqlen_q_rounded = 128;
+    p.h /= rows;
+    p.h_k /= group;
+    p.h_h_k_ratio = 1;
+    p.is_causal = false;  // one query row at the last key: causal / a right window are no-ops
+    p.window_size_right = -1;
+}
+// Key columns of a tile's sequence of seqlen_k keys (the split count's unit): seqlen_k, or with
+// head groups seqlen_k x head_group.
+inline int key_columns(const FwdParams& p) {
+    return p.head_group > 1 ? p.seqlen_k * p.head_group : p.seqlen_k;
+}
+
+// GQA packing of a call without head groups: re-strided when exact, else in the kernel where
+// possible.
 inline void plan_gqa_packing(FwdParams& p) {
     if (gqa_packable(p)) {
         pack_gqa(p);
@@ -333,7 +404,7 @@ inline int num_splits(int requested, int64_t tiles, int seqlen_k, bool decode_ti
     return cheapest_splits(tiles, n_blocks, most_splits(seqlen_k, bn), slots, block_cost);
 }
 
-// The kvcache op's choice of the 128-key tile (after plan_gqa_packing, before num_splits; the
+// The kvcache op's choice of the 128-key tile (after plan_packing, before num_splits; the
 // launcher, sm80/fwd_launch.cuh, follows params.wide_key_blocks): d128 key-split tiles, when the
 // step can give the tile two CTAs per SM (tiles x its most splits >= num_sms x kWideCtasPerSm)
 // and the split count it then gets puts more than one CTA on an SM; 32-row tiles (MQA, GQA with
@@ -352,12 +423,13 @@ inline void plan_key_blocks(FwdParams& p, int num_sms) {
         return;
     }
     const int64_t tiles = num_tiles(p);
-    if (tiles * most_splits(p.seqlen_k, kWideKeyBlock) <
+    if (tiles * most_splits(key_columns(p), kWideKeyBlock) <
             static_cast<int64_t>(num_sms) * kWideCtasPerSm ||
         (keysplit_rows(p) > 16 && tiles < num_sms)) {
         return;
     }
-    const int splits = num_splits(0, tiles, p.seqlen_k, true, wide_split_geometry(p), num_sms);
+    const int splits =
+        num_splits(0, tiles, key_columns(p), true, wide_split_geometry(p), num_sms);
     p.wide_key_blocks = tiles * splits > num_sms;
 }
 
@@ -391,30 +463,31 @@ inline RingChoice ring_choice() {
 }
 constexpr bool has_ring_keysplit_tile(int kernel_head_dim) { return kernel_head_dim == 128; }
 
-// The kvcache op's tile choice (after plan_gqa_packing, before num_splits): the key-split tiles
+// The kvcache op's tile choice (after plan_packing, before num_splits): the key-split tiles
 // of plan_key_blocks, or the ring tiles where `ring_device` (an sm_90 GPU with the sm_90
 // kernels on) and ring_choice() allow: always with kAll, else paged calls with at least
 // kRingMinBlocks key blocks per CTA either on 32-row tiles whose plain plan (the split
 // heuristic's count) puts at most one CTA on each SM, or on tiles the ring's own plan (one CTA
-// per SM) runs in one wave without a split. Shapes only (seqlen_k is the capacity).
+// per SM) runs in one wave without a split. Never for head groups (contiguous caches, where the
+// ring lost; no ring twin). Shapes only (seqlen_k is the capacity).
 inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
     p.kv_ring = false;
     plan_key_blocks(p, num_sms);
     const RingChoice ring = ring_device ? ring_choice() : RingChoice::kOff;
     if (ring == RingChoice::kOff || !has_ring_keysplit_tile(p.d_rounded) ||
-        !runs_keysplit_tile(p)) {
+        !runs_keysplit_tile(p) || p.head_group > 1) {  // head groups: no ring twin
         return;
     }
     if (ring == RingChoice::kRule) {
         if (p.block_table == nullptr) return;
         const int64_t tiles = num_tiles(p);
         auto splits_of = [&](const SplitGeometry& geometry) {
-            return num_splits(0, tiles, p.seqlen_k, true, geometry, num_sms);
+            return num_splits(0, tiles, key_columns(p), true, geometry, num_sms);
         };
         // One wave (tiles x splits <= SMs) of CTAs with kRingMinBlocks key blocks or more.
         auto long_single_wave = [&](const SplitGeometry& geometry, int splits) {
             return tiles * splits <= num_sms &&
-                   key_blocks(p.seqlen_k, geometry.key_block) / splits >= kRingMinBlocks;
+                   key_blocks(key_columns(p), geometry.key_block) / splits >= kRingMinBlocks;
         };
         const SplitGeometry plain = split_geometry(p);
         const bool plain_rule = keysplit_rows(p) > 16 && long_single_wave(plain, splits_of(plain));
@@ -425,6 +498,69 @@ inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
     }
     p.kv_ring = true;
     p.wide_key_blocks = false;
+}
+
+// The kvcache op's packing (before plan_decode_tile and num_splits): head groups where the rule
+// takes them, else GQA packing (plan_gqa_packing). The rule takes the largest possible G whose
+// own plan (plan_decode_tile and the split heuristic)
+//   - runs the step unsplit on at least 3/4 of the CTAs the plan without head groups runs, up
+//     to a full wave, or
+//   - runs it on the 128-key tile with at least kHeadGroupMinSplitBlocks key blocks per split
+//     (steps of several GB: the combine and the G R partial rows per CTA are noise there).
+// bench/NOTES.md session 23 (runs 125-126, the one-token d128 grid at every G): head groups lost
+// 3-11% where they turned unsplit steps of short caches into split ones (GQA b8 / b32 kv1k,
+// MHA b8 kv1k: the combine and G R partial rows per CTA) and 1-3% on split steps of the 64-key
+// tile at one CTA per SM (GQA b1 kv131k at G = 4: 2 tiles x 66 splits); they won on the steps
+// the rule takes: unsplit GQA b128 kv1k 1.029-1.035x, MHA b32 kv1k at G = 4 1.029x, MHA b128
+// kv1k 1.018x; split on the 128-key tile MHA b8 kv131k 1.017-1.022x at every G, GQA b32 kv131k
+// 1.004-1.008x.
+constexpr int kHeadGroupMinSplitBlocks = 96;
+inline void plan_packing(FwdParams& p, int num_sms, bool ring_device) {
+    p.head_group = 0;
+    const int forced = head_group_forced();
+    const int most = head_group_size(p, forced > 1 ? forced : kMaxHeadGroup);
+    if (forced == 1 || most == 1) {
+        plan_gqa_packing(p);
+        return;
+    }
+    // A step's plan: CTAs per split, splits (the heuristic's), CTA slots of a wave, key blocks
+    // per split, 128-key tile.
+    struct Plan {
+        int64_t tiles;
+        int splits;
+        int64_t slots;
+        int blocks_per_split;
+        bool wide;
+    };
+    auto plan_of = [&](const FwdParams& packed) {
+        FwdParams q = packed;
+        plan_decode_tile(q, num_sms, ring_device);
+        const SplitGeometry geometry = split_geometry(q);
+        const int splits =
+            num_splits(0, num_tiles(q), key_columns(q), true, geometry, num_sms);
+        return Plan{num_tiles(q), splits, static_cast<int64_t>(num_sms) * geometry.ctas_per_sm,
+                    key_blocks(key_columns(q), geometry.key_block) / splits,
+                    q.wide_key_blocks};
+    };
+    FwdParams plain_packing = p;
+    plan_gqa_packing(plain_packing);
+    const Plan plain = plan_of(plain_packing);
+    // The first criterion at any G before the second at any G.
+    for (int pass = 0; pass < 2; ++pass) {
+        for (int group = most; group > 1; group /= 2) {
+            FwdParams grouped = p;
+            pack_head_groups(grouped, group);
+            const Plan g = plan_of(grouped);
+            const int64_t wanted = std::min(plain.tiles * plain.splits, g.slots) * 3 / 4;
+            const bool unsplit_wave = g.splits == 1 && g.tiles >= wanted;
+            const bool long_splits = g.wide && g.blocks_per_split >= kHeadGroupMinSplitBlocks;
+            if (forced > 1 || (pass == 0 ? unsplit_wave : long_splits)) {
+                p = grouped;
+                return;
+            }
+        }
+    }
+    p = plain_packing;
 }
 
 }  // namespace decode

@@ -1,7 +1,8 @@
 // Score transforms applied to mma.m16n8k16 S-accumulator fragments, in this order:
 //   softcap  s = tanh(s * scale / softcap)             (final score = softcap * s)
 //   ALiBi    s = s * score_scale - slope * |i + sk - sq - j|   (s becomes the final score)
-//   mask     s = -inf where key j is not visible from query i
+//   mask     s = -inf where key j is not visible from query i (head groups: also where key
+//            column j belongs to another KV head than row i)
 // Visibility (bottom-right aligned; window sides -1 = unbounded; causal = right side 0):
 //   j < seqlen_k  and  i + sk - sq - left <= j <= i + sk - sq + right.
 //
@@ -128,6 +129,32 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], cons
         pos[mt][1] = row0 + 16 * mt + 8;
     }
     apply_mask_positions(s, range, pos, col0);
+}
+
+// Head groups (sm80/fwd.cuh; kernels/decode.h pack_head_groups): s = -inf where the key
+// column's KV head, col % G (group_mask = G - 1), is not the row's. row_head[mt][half] is the
+// KV head in the group of the rows of s[mt][*][2 half + c] (>= G for rows past the group's
+// rows: never matched); col0 is the column of s[*][0][0] modulo any multiple of G (the key
+// block's first column is one).
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_head_group_mask(float (&s)[kMTiles][kNTiles][4],
+                                                      const int (&row_head)[kMTiles][2],
+                                                      int col0, int group_mask) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    if (((col0 + 8 * nt + c) & group_mask) != row_head[mt][half]) {
+                        s[mt][nt][2 * half + c] = -INFINITY;
+                    }
+                }
+            }
+        }
+    }
 }
 
 }  // namespace flash_cuda

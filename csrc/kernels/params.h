@@ -144,6 +144,15 @@ struct FwdParams : public QKVParams {
     // warps fill a ring of 64-key K/V slots; kernels/decode.h plan_decode_tile,
     // sm80/kv_ring.cuh). wide_key_blocks is false with it.
     bool kv_ring;
+    // Head groups (kernels/decode.h plan_packing; the kvcache op's one-token steps on
+    // contiguous caches): > 1 = the query rows of head_group KV heads share one key-split tile
+    // (head_group_rows = h / h_k rows per KV head), whose key columns are the (key, KV head)
+    // pairs of those heads: column j is key j / head_group of the tile's KV head j % head_group.
+    // k/v_head_stride are then the strides between tiles (head_group heads), and
+    // k/v_group_head_stride those between the heads of one tile. 0 or 1: off.
+    int head_group;
+    int head_group_rows;
+    int64_t k_group_head_stride, v_group_head_stride;
 
     // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.
     int tile_variant;

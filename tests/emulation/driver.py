@@ -87,7 +87,7 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
                      cache_leftpad=None, num_splits=1, pack_gqa=False, dropout_p=0.0,
                      rng_state=None, philox_on_device=False, return_rng_state=False, timeout=1800,
                      keysplit=None, sm90=False, kvcache_op=False, num_sms=132, contig=None,
-                     ring=None):
+                     ring=None, head_group=None):
     """CPU tensors in; (out, lse) out, like torch.ops.flash_cuda.fwd / varlen_fwd.
 
     KV cache / decode extras (the kernel part of fwd_kvcache; no append): block_table (k, v
@@ -110,7 +110,9 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     ring: with kvcache_op, True / False make the host's tile choice that of an sm_90 GPU with
     FLASH_CUDA_DECODE_RING=1 / unset: the warp-specialised ring tiles (kernels/sm80/kv_ring.cuh)
     on every d128 key-split call / where decode.h plan_decode_tile's rule takes them (the
-    emulator prints "ring" when they ran); None: a GPU without them."""
+    emulator prints "ring" when they ran); None: a GPU without them. head_group: an int sets
+    FLASH_CUDA_DECODE_HGROUP (with pack_gqa: 1 = no head groups, N caps their size; the emulator
+    prints "head groups" when they ran), None leaves the environment as it is."""
     global LAST_STDOUT
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
@@ -184,6 +186,8 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
             env["FLASH_CUDA_DECODE_KEYSPLIT"] = "1" if keysplit else "0"
         if contig is not None:
             env["FLASH_CUDA_DECODE_CONTIG"] = "1" if contig else "0"
+        if head_group is not None:
+            env["FLASH_CUDA_DECODE_HGROUP"] = str(int(head_group))
         if ring:
             env["FLASH_CUDA_DECODE_RING"] = "1"
         elif ring is not None:

@@ -148,6 +148,19 @@ void run(FwdParams& params) {
         // The key-split tile (unless FLASH_CUDA_DECODE_KEYSPLIT=0): decode.h decode_tile and
         // with_keysplit_traits, as the launcher; the plain variant of a call without a block
         // table on the tile's twin without the paged path (decode.h contiguous_keysplit).
+        if (params.head_group > 1) {  // decode.h plan_packing: the head-group twin
+            const bool grouped = with_head_group_traits<EMU_HEAD_DIM>(
+                flash_cuda::decode::decode_tile(params), [&](const char* what, auto tile) {
+                    std::printf("emulator: key-split decode tile, %s (G %d), no paged path\n",
+                                what, params.head_group);
+                    run_traits<Element, typename decltype(tile)::type, Causal>(params);
+                });
+            if (!grouped) {
+                std::fprintf(stderr, "no head-group tile at this head dim\n");
+                std::exit(2);
+            }
+            return;
+        }
         const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);
         const bool contiguous =
             flash_cuda::decode::contiguous_keysplit(params) && !bias.alibi && !bias.softcap;
@@ -327,14 +340,17 @@ int main(int argc, char** argv) {
     p.softmax_lse_ptr = reinterpret_cast<float*>(lse.data());
 
     // The kvcache op's host steps (flash_api.cpp): GQA packing, split count.
-    if (geti_or("pack_gqa", 0) != 0) flash_cuda::decode::plan_gqa_packing(p);
     const int num_sms = static_cast<int>(geti_or("num_sms", 132));
+    if (geti_or("pack_gqa", 0) != 0) {
+        flash_cuda::decode::plan_packing(p, num_sms, geti_or("ring_device", 0) != 0);
+    }
     if (geti_or("kvcache_op", 0) != 0) {
         flash_cuda::decode::plan_decode_tile(p, num_sms, geti_or("ring_device", 0) != 0);
     }
     const bool decode_tile = flash_cuda::decode::uses_decode_tile(p);
     p.num_splits = flash_cuda::decode::num_splits(static_cast<int>(geti_or("num_splits", 1)),
-                                                  flash_cuda::decode::num_tiles(p), p.seqlen_k,
+                                                  flash_cuda::decode::num_tiles(p),
+                                                  flash_cuda::decode::key_columns(p),
                                                   decode_tile, flash_cuda::decode::split_geometry(p),
                                                   num_sms);
     const size_t partial_rows =

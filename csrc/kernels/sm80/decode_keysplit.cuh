@@ -44,8 +44,10 @@ namespace sm80 {
 // PagedKV = false: the kernel for calls without a block table (no paged copy path compiled in).
 // ProducerWarps = 4: the warp-specialised tile of sm_90 (kv_ring.cuh): 4 more warps copy K / V
 // into a ring of Stages slots while the 4 compute warps only compute; 0: the compute warps copy.
+// HeadGroups: the key columns are the (key, KV head) pairs of params.head_group KV heads
+// (kernels/decode.h plan_packing; contiguous caches, 16 rows).
 template <int HeadDim, int BlockN, int Stages, int RowSlices = 1, bool PagedKV = true,
-          int ProducerWarps = 0>
+          int ProducerWarps = 0, bool HeadGroups = false>
 struct FwdKeySplitTraits {
     static constexpr int kHeadDim = HeadDim;
     static constexpr int kRowSlices = RowSlices;  // 16-row slices: 1, or 2 (MQA-like 17..32 rows)
@@ -63,6 +65,7 @@ struct FwdKeySplitTraits {
     static constexpr bool kPackGQA = true;
     static constexpr bool kSkipIdleWarps = false;  // every warp has keys to work on
     static constexpr bool kKeySplit = true;
+    static constexpr bool kHeadGroups = HeadGroups;
     // Every warp multiplies the same 16 Q rows with each of its key slices: at d <= 128 the
     // warp keeps Q's A fragments in registers (kHeadDim / 4 registers) from the first block on,
     // instead of re-reading the Q tile with ldmatrix every block.
@@ -125,6 +128,12 @@ struct FwdKeySplitTraits {
                   "each producer thread runs one compute thread's share of the K/V copies");
     static_assert(kMergeBytes <= 2 * kStages * kSmemKVTileBytes, "merge area over the K/V tiles");
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+    // Head groups: a copying thread's rows (kRowsPerStep apart) keep their head of the group,
+    // and a block holds whole keys.
+    static_assert(!HeadGroups || (!PagedKV && ProducerWarps == 0 && RowSlices == 1 &&
+                                  KVCopy::kRowsPerStep % decode::kMaxHeadGroup == 0 &&
+                                  kBlockN % decode::kMaxHeadGroup == 0),
+                  "head groups: contiguous 16-row tiles of whole keys");
 };
 
 // Head dims with a key-split tile compiled in (the others, and every call with
@@ -162,6 +171,11 @@ struct FwdDecodeKeySplitConfig {
     // and was dropped.
     using Ring = FwdKeySplitTraits<HeadDim, 64, 6, 1, PagedKV, 4>;
     using Ring32 = FwdKeySplitTraits<HeadDim, 64, 6, 2, PagedKV, 4>;
+    // The head-group twins of Traits and TraitsWide (kernels/decode.h plan_packing; the
+    // plain variant of contiguous one-token calls, at the head dims of kHasHeadGroupTile).
+    using Groups = FwdKeySplitTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), decode_stages(HeadDim),
+                                     1, false, 0, true>;
+    using GroupsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1, false, 0, true>;
 };
 // Head dims with TraitsWide / TraitsWide32 compiled in (kernels/decode.h, whose plan_key_blocks
 // chooses them). At d128 TraitsWide streams 1.1% faster than Traits on the decode steps that
@@ -170,6 +184,8 @@ template <int HeadDim>
 constexpr bool kHasWideKeySplitTile = decode::has_wide_keysplit_tile(HeadDim);
 template <int HeadDim>
 constexpr bool kHasRingKeySplitTile = decode::has_ring_keysplit_tile(HeadDim);
+template <int HeadDim>
+constexpr bool kHasHeadGroupTile = decode::has_head_group_tile(HeadDim);
 
 // The traits of key-split decode tile `tile` (kernels/decode.h decode_tile) at HeadDim, for the
 // launcher (sm80/fwd_launch.cuh) and the CPU emulator (tests/emulation/fwd_emulated.cpp):
@@ -221,6 +237,26 @@ bool with_keysplit_traits(decode::DecodeTile tile, Fn&& fn) {
                 break;
             case decode::DecodeTile::kDecode64:
                 break;
+        }
+    }
+    return false;
+}
+
+// The head-group twin of key-split tile `tile` (kKeySplit16 or kKeySplit16Wide) at HeadDim, for
+// calls with params.head_group > 1: fn(name, std::type_identity<T>). Returns false without
+// calling fn where HeadDim has none.
+template <int HeadDim, typename Fn>
+bool with_head_group_traits(decode::DecodeTile tile, Fn&& fn) {
+    if constexpr (kHasHeadGroupTile<HeadDim>) {
+        using Config = FwdDecodeKeySplitConfig<HeadDim, false>;
+        if (tile == decode::DecodeTile::kKeySplit16) {
+            fn("16 rows, head groups", std::type_identity<typename Config::Groups>{});
+            return true;
+        }
+        if (tile == decode::DecodeTile::kKeySplit16Wide) {
+            fn("16 rows, 128-key blocks, head groups",
+               std::type_identity<typename Config::GroupsWide>{});
+            return true;
         }
     }
     return false;

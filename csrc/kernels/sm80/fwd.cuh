@@ -16,7 +16,10 @@
 // diagonal / sequence end come first and the rest run without mask code.
 // The warp-specialised key-split tile (sm_90; Traits::kProducerWarps > 0, kv_ring.cuh) runs the
 // same loop on its compute warps, whose K / V tiles come from producer warps through a ring of
-// mbarrier-tracked slots instead of their own cp.async groups.
+// mbarrier-tracked slots instead of their own cp.async groups. The key-split tile's head-group
+// twin (Traits::kHeadGroups, kernels/decode.h plan_packing) runs it over key columns that are
+// the (key, KV head) pairs of several KV heads: its copies address those rows (load_kv_tile)
+// and every block masks the columns of other heads than a row's (mask.cuh).
 //
 // Tensors (elements; strides from FwdParams, 64-bit offsets):
 //   q (b, seqlen_q, h, d)  or packed (total_q, h, d) with cu_seqlens_q
@@ -330,12 +333,16 @@ struct PagedKVRows {
 // them real) into shared memory: contiguous rows, or (paged) the rows a PagedKVRows lookup of
 // this block found. Paged: page_stride and row_stride fit in 32 bits (checks.cpp
 // check_paged_cache_strides), so a row's address is two 32 x 32 -> 64-bit multiply-adds.
+// Head groups (Traits::kHeadGroups): tile row j is key j / G of the group's KV head j % G
+// (G = params.head_group), at (j / G) row_stride + (j % G) group_head_stride from the block's
+// first key; G divides the copy's kRowsPerStep, so each thread's rows are one head's, evenly
+// spaced: its row steps lie (kRowsPerStep / G) row_stride apart.
 template <typename Element, typename Traits>
 __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t smem_tile,
                                              const Element* seq, int64_t page_stride,
-                                             int64_t row_stride, int n_block, int valid_rows,
-                                             bool paged, const PagedKVRows<Traits>& paged_rows,
-                                             int tid) {
+                                             int64_t row_stride, int64_t group_head_stride,
+                                             int n_block, int valid_rows, bool paged,
+                                             const PagedKVRows<Traits>& paged_rows, int tid) {
     using KVCopy = typename Traits::KVCopy;
     // Paged caches only in the decode tile's kernels (Traits::kPagedKV; the host sends every
     // paged call there): next to the 128-row tile's main loop at d = 128 the gather path costs
@@ -345,7 +352,20 @@ __device__ __forceinline__ void load_kv_tile(const FwdParams& params, uint32_t s
     // count at one CTA per SM (bench/NOTES.md run 53).
     const bool whole_tile = Traits::kSplitKV && valid_rows >= Traits::kBlockN &&
                             params.d == Traits::kHeadDim;
-    if (!Traits::kPagedKV || !paged) {
+    if constexpr (Traits::kHeadGroups) {
+        const int shift = __ffs(params.head_group) - 1;  // G is a power of two
+        const int row = KVCopy::thread_row(tid);
+        const Element* thread_src =
+            seq + static_cast<int64_t>((n_block * Traits::kBlockN + row) >> shift) * row_stride +
+            (row & (params.head_group - 1)) * group_head_stride + KVCopy::thread_col(tid);
+        const int64_t step_stride = (KVCopy::kRowsPerStep >> shift) * row_stride;
+        if (whole_tile) {
+            KVCopy::load_async_full_steps(smem_tile, thread_src, step_stride, tid);
+        } else {
+            KVCopy::load_async_steps(smem_tile, thread_src, step_stride, valid_rows, params.d,
+                                     tid);
+        }
+    } else if (!Traits::kPagedKV || !paged) {
         const Element* tile = seq + static_cast<int64_t>(n_block) * Traits::kBlockN * row_stride;
         if (whole_tile) {
             KVCopy::load_async_full(smem_tile, tile, row_stride, tid);
@@ -616,16 +636,19 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         if constexpr (Traits::kSkipIdleWarps) {
             warp_computes = warp * Traits::kWarpRows < valid_q_rows;
         }
-        seqlen_k = seq.seqlen_k;
+        // Keys, or with head groups (key, KV head) columns: the key loop's unit.
+        seqlen_k = Traits::kHeadGroups ? seq.seqlen_k * params.head_group : seq.seqlen_k;
         // Query position of tile row m0 + r (r may be past the valid rows).
         auto position = [&](int packed_row) { return packed ? packed_row / group : packed_row; };
 
         // ---- Mask geometry. The host normalised the window once, with seqlen_k (varlen: the
         // max, KV cache: the capacity); each sequence applies it as is with its own lengths
-        // (flash_attn's rule: no renormalisation per sequence).
+        // (flash_attn's rule: no renormalisation per sequence). Head groups have neither
+        // window nor causal mask (decode.h pack_head_groups): only the sequence end, in
+        // columns, and the head mask of the key loop.
         AttentionMask mask;
-        mask.seqlen_k = seq.seqlen_k;
-        mask.diag = seq.seqlen_k - seq.seqlen_q;
+        mask.seqlen_k = seqlen_k;
+        mask.diag = seqlen_k - seq.seqlen_q;
         mask.window_left = params.window_size_left;
         mask.window_right = Causal ? 0 : params.window_size_right;
         // Keys some row of the tile can see: [key_begin(first row), key_end(last row)).
@@ -740,14 +763,16 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     auto load_k = [&](int it, const KVSource& src) {
         load_kv_tile<Element, Traits>(params, smem_k + (it % kStages) * Traits::kSmemKVTileBytes,
                                       static_cast<const Element*>(src.k_seq),
-                                      params.k_batch_stride, params.k_row_stride, block_of(it),
+                                      params.k_batch_stride, params.k_row_stride,
+                                      params.k_group_head_stride, block_of(it),
                                       seqlen_k - block_of(it) * kBlockN, paged, paged_rows,
                                       copy_tid);
     };
     auto load_v = [&](int it, const KVSource& src) {
         load_kv_tile<Element, Traits>(params, smem_v + (it % kStages) * Traits::kSmemKVTileBytes,
                                       static_cast<const Element*>(src.v_seq),
-                                      params.v_batch_stride, params.v_row_stride, block_of(it),
+                                      params.v_batch_stride, params.v_row_stride,
+                                      params.v_group_head_stride, block_of(it),
                                       seqlen_k - block_of(it) * kBlockN, paged, paged_rows,
                                       copy_tid);
     };
@@ -816,6 +841,13 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     const int warp_row0 = (warp / Traits::kKeySlices) * Traits::kWarpRows;
     const int warp_key0 = (warp % Traits::kKeySlices) * Traits::kWarpKeys;
     [[maybe_unused]] KeySplitQFragments<Traits> q_regs;  // key-split tile, d <= 128
+    // Head groups: the KV head in the group of this thread's rows (tile rows warp_row0 +
+    // lane / 4 and 8 more; one m block: m0 = 0), for the head mask of every block.
+    [[maybe_unused]] int row_head[kMTiles][2];
+    if constexpr (Traits::kHeadGroups) {
+        row_head[0][0] = (warp_row0 + lane / 4) / params.head_group_rows;
+        row_head[0][1] = (warp_row0 + lane / 4 + 8) / params.head_group_rows;
+    }
 
     // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid rows
     // (1..g real rows of 64 in a decode step) only issues its share of the K/V copies and joins
@@ -884,6 +916,11 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         }
 
         if constexpr (HasSoftcap) apply_softcap(acc_s, softcap_pre_scale);
+        if constexpr (Traits::kHeadGroups) {
+            // The column inside the block: blocks start at multiples of G (kBlockN % G == 0).
+            apply_head_group_mask(acc_s, row_head, warp_key0 + 2 * (lane % 4),
+                                  params.head_group - 1);
+        }
         // Query row and key of s[0][0][0]. (Opaque: per-row values derived from it are computed
         // here, not hoisted out of the loop into registers.)
         const int frag_row0 = ptx::opaque(m0 + warp_row0 + lane / 4);

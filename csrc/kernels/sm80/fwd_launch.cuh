@@ -36,6 +36,9 @@ void launch_fwd_kernel(FwdParams& params, cudaStream_t stream) {
         (!KernelTraits::kPackGQA && params.gqa_pack > 1)) {
         throw std::runtime_error("flash_cuda: split-KV / paged KV need the decode tile");
     }
+    if (KernelTraits::kHeadGroups != (params.head_group > 1)) {
+        throw std::runtime_error("flash_cuda: head groups need the head-group tile and it them");
+    }
     // In-kernel GQA packing (decode tile): one CTA column per KV head, g rows per query.
     const bool packed = KernelTraits::kPackGQA && params.gqa_pack > 1;
     const int64_t rows = static_cast<int64_t>(params.seqlen_q) * (packed ? params.gqa_pack : 1);
@@ -142,6 +145,24 @@ void run_mha_fwd_sm80(FwdParams& params, cudaStream_t stream) {
 #ifdef FLASH_CUDA_FWD_TUNING
         if (sm80::launch_decode_variant<Element, HeadDim, Causal>(params, stream)) return;
 #endif
+        // Head groups (decode.h plan_packing): the head-group twin of the key-split tile,
+        // whose plain variant is the only one compiled (the host plans no other; never causal).
+        if (params.head_group > 1) {
+            const ScoreBias bias = fwd_score_bias(params);
+            const bool grouped = !Causal && !bias.softcap && !bias.alibi && !(params.p_keep < 1.f) &&
+                sm80::with_head_group_traits<HeadDim>(
+                    decode::decode_tile(params), [&](const char*, auto tile) {
+                        using G = typename decltype(tile)::type;
+                        if constexpr (!Causal) {
+                            sm80::launch_fwd_kernel<Element, G, false, false, false, false>(
+                                params, stream);
+                        }
+                    });
+            if (!grouped) {
+                throw std::runtime_error("flash_cuda: no head-group kernel for this call");
+            }
+            return;
+        }
         using Decode = typename sm80::FwdDecodeConfig<HeadDim>::Traits;
         // Key-split tile (decode_keysplit.cuh; off with FLASH_CUDA_DECODE_KEYSPLIT=0) for tiles
         // of at most 16 rows (4 key slices) or 32 rows (2 x 2); dropout stays on the 64-row tile.

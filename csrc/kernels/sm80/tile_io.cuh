@@ -128,10 +128,21 @@ struct TileCopy {
                                                                   int64_t row_stride,
                                                                   int valid_rows, int valid_cols,
                                                                   int tid) {
+        load_async_steps(smem_tile, gmem_thread, kRowsPerStep * row_stride, valid_rows,
+                         valid_cols, tid);
+    }
+
+    // The same with the element distance between the thread's consecutive row steps given
+    // (step_stride: kRowsPerStep x row_stride above): tiles whose rows are not evenly spaced
+    // but whose every thread's rows are (head-group K/V tiles, sm80/fwd.cuh load_kv_tile).
+    template <typename Element>
+    __device__ __forceinline__ static void load_async_steps(uint32_t smem_tile,
+                                                            const Element* gmem_thread,
+                                                            int64_t step_stride, int valid_rows,
+                                                            int valid_cols, int tid) {
         if (idle(tid)) return;
         const int row = thread_row(tid), col = thread_col(tid);
         const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
-        const int64_t step_stride = kRowsPerStep * row_stride;
         static_for_each<kRowSteps>([&](auto r) {
             const bool row_ok = row + r * kRowsPerStep < valid_rows;
             const Element* gmem_row = gmem_thread + r * step_stride;
@@ -152,11 +163,19 @@ struct TileCopy {
     __device__ __forceinline__ static void load_async_full(uint32_t smem_tile,
                                                            const Element* gmem_tile,
                                                            int64_t row_stride, int tid) {
+        load_async_full_steps(smem_tile, gmem_tile + thread_offset(tid, row_stride),
+                              kRowsPerStep * row_stride, tid);
+    }
+
+    // The same from this thread's first chunk, with its row steps step_stride elements apart
+    // (see load_async_steps).
+    template <typename Element>
+    __device__ __forceinline__ static void load_async_full_steps(uint32_t smem_tile,
+                                                                 const Element* gmem_thread,
+                                                                 int64_t step_stride, int tid) {
         if (idle(tid)) return;
         const int row = thread_row(tid), col = thread_col(tid);
         const uint32_t smem_thread = smem_tile + Tile::byte_offset(row, col);
-        const Element* gmem_thread = gmem_tile + thread_offset(tid, row_stride);
-        const int64_t step_stride = kRowsPerStep * row_stride;
         static_for_each<kRowSteps>([&](auto r) {
             const Element* gmem_row = gmem_thread + r * step_stride;
             static_for_each<kAtoms>([&](auto a) {

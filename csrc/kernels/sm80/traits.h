@@ -46,6 +46,9 @@ struct FwdTraits {
     // Warps split the keys of a block instead of the rows: decode_keysplit.cuh's tile only.
     static constexpr bool kKeySplit = false;
     static constexpr bool kQInRegisters = false;
+    // Key columns of several KV heads (params.head_group): decode_keysplit.cuh's head-group
+    // twins only.
+    static constexpr bool kHeadGroups = false;
 
     static constexpr int kWarpRows = kBlockM / kNWarps;
     static constexpr int kKeySlices = 1;            // warps per row slice (key-split tile: > 1)
