@@ -316,6 +316,11 @@ RING_CASES = [
 ]
 
 
+needs_h200_sms = pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.get_device_properties(0).multi_processor_count != 132,
+    reason="the cases' plans are those of 132 SMs (the H200)")
+
+
 needs_ring_device = pytest.mark.skipif(
     not torch.cuda.is_available() or not runs_ring_tiles(),
     reason="the ring tiles run on compute capability 9.0 with the sm90 kernels on")
@@ -355,9 +360,7 @@ RING_RULE_CASES = [
 
 @needs_cuda
 @needs_ring_device
-@pytest.mark.skipif(torch.cuda.is_available() and
-                    torch.cuda.get_device_properties(0).multi_processor_count != 132,
-                    reason="the cases' plans are those of 132 SMs (the H200)")
+@needs_h200_sms
 @pytest.mark.parametrize("case,rows,block_n,ring", RING_RULE_CASES,
                          ids=lambda c: case_id(c) if isinstance(c, tuple) else str(c))
 def test_kvcache_ring_rule(case, rows, block_n, ring, monkeypatch):
@@ -385,9 +388,6 @@ HEAD_GROUP_CASES = [
     ((3, 1000, 1, 128, 1, "contiguous", "softcap", 0), 32, 64, False),
     ((3, 1000, 1, 128, 1, "contiguous", "window", 0), 16, 64, False),
 ]
-needs_h200_sms = pytest.mark.skipif(
-    torch.cuda.is_available() and torch.cuda.get_device_properties(0).multi_processor_count != 132,
-    reason="the cases' plans are those of 132 SMs (the H200)")
 
 
 @needs_cuda
@@ -403,9 +403,10 @@ def test_kvcache_head_groups(case, hk, block_n, groups, monkeypatch):
 
 
 # The default rule (decode.h plan_packing: the largest G whose plan is unsplit on nearly as many
-# CTAs as the plan without head groups, up to a wave): MHA b128 kv1k G = 16 and b32 kv1k G = 4
-# (256 tiles; 3 explicit splits there), GQA 4 b128 kv1k G = 4; MHA b8 and GQA b32 kv1k keep the
-# plain tiles (head groups would split them). All on the 128-key tile, on 132 SMs.
+# CTAs as the plan without head groups, up to a wave, else one with long 128-key splits): MHA
+# b128 kv1k G = 16 and b32 kv1k G = 4 (256 tiles; 3 explicit splits there), GQA 4 b128 kv1k
+# G = 4; MHA b8 and GQA b32 kv1k keep the plain tiles (head groups would split them into short
+# splits). All on the 128-key tile, on 132 SMs.
 HEAD_GROUP_RULE_CASES = [
     ((128, 1000, 1, 128, 1, "contiguous", "plain", 0), 32, True),
     ((128, 1000, 0, 128, 4, "leftpad", "causal", 0), 8, True),
