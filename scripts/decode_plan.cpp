@@ -65,8 +65,8 @@ void print_plan(int d, int page, int seqlen_q, int h, int h_k, int b, int seqlen
     decode::plan_decode_tile(p, num_sms, ring_device);
     const decode::SplitGeometry geometry = decode::split_geometry(p);
     const int64_t tiles = decode::num_tiles(p);
-    const int splits = decode::num_splits(0, tiles, decode::key_columns(p), decode::uses_decode_tile(p),
-                                          geometry, num_sms);
+    const int splits = decode::num_splits(0, tiles, decode::key_columns(p),
+                                          decode::uses_decode_tile(p), geometry, num_sms);
     char tile[64];
     if (p.head_group > 1) {
         std::snprintf(tile, sizeof(tile), "%s-hg%d", tile_name(p), p.head_group);

@@ -523,8 +523,12 @@ inline void plan_packing(FwdParams& p, int num_sms, bool ring_device) {
         plan_gqa_packing(p);
         return;
     }
-    // A step's plan: CTAs per split, splits (the heuristic's), CTA slots of a wave, key blocks
-    // per split, 128-key tile.
+    if (forced > 1) {
+        pack_head_groups(p, most);
+        return;
+    }
+    // A packed step's plan: tiles, the heuristic's splits, CTA slots of a wave, key blocks per
+    // split, 128-key tile.
     struct Plan {
         int64_t tiles;
         int splits;
@@ -536,31 +540,34 @@ inline void plan_packing(FwdParams& p, int num_sms, bool ring_device) {
         FwdParams q = packed;
         plan_decode_tile(q, num_sms, ring_device);
         const SplitGeometry geometry = split_geometry(q);
-        const int splits =
-            num_splits(0, num_tiles(q), key_columns(q), true, geometry, num_sms);
-        return Plan{num_tiles(q), splits, static_cast<int64_t>(num_sms) * geometry.ctas_per_sm,
+        const int64_t tiles = num_tiles(q);
+        const int splits = num_splits(0, tiles, key_columns(q), true, geometry, num_sms);
+        return Plan{tiles, splits, static_cast<int64_t>(num_sms) * geometry.ctas_per_sm,
                     key_blocks(key_columns(q), geometry.key_block) / splits,
                     q.wide_key_blocks};
     };
     FwdParams plain_packing = p;
     plan_gqa_packing(plain_packing);
     const Plan plain = plan_of(plain_packing);
-    // The first criterion at any G before the second at any G.
-    for (int pass = 0; pass < 2; ++pass) {
-        for (int group = most; group > 1; group /= 2) {
-            FwdParams grouped = p;
-            pack_head_groups(grouped, group);
-            const Plan g = plan_of(grouped);
-            const int64_t wanted = std::min(plain.tiles * plain.splits, g.slots) * 3 / 4;
-            const bool unsplit_wave = g.splits == 1 && g.tiles >= wanted;
-            const bool long_splits = g.wide && g.blocks_per_split >= kHeadGroupMinSplitBlocks;
-            if (forced > 1 || (pass == 0 ? unsplit_wave : long_splits)) {
-                p = grouped;
-                return;
-            }
+    // The largest G of the first criterion, else the largest of the second.
+    int unsplit_group = 0, long_group = 0;
+    for (int group = most; group > 1 && unsplit_group == 0; group /= 2) {
+        FwdParams grouped = p;
+        pack_head_groups(grouped, group);
+        const Plan g = plan_of(grouped);
+        const int64_t wanted = std::min(plain.tiles * plain.splits, g.slots) * 3 / 4;
+        if (g.splits == 1 && g.tiles >= wanted) {
+            unsplit_group = group;
+        } else if (long_group == 0 && g.wide && g.blocks_per_split >= kHeadGroupMinSplitBlocks) {
+            long_group = group;
         }
     }
-    p = plain_packing;
+    const int group = unsplit_group > 0 ? unsplit_group : long_group;
+    if (group > 1) {
+        pack_head_groups(p, group);
+    } else {
+        p = plain_packing;
+    }
 }
 
 }  // namespace decode
