@@ -43,6 +43,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -157,6 +158,7 @@ class Bench:
         self.json_path = self.out_dir / "bench.json"
         self.excluded = set(args.exclude)
         self.l2_flush_buf = None
+        self.read_floor = None  # read_floor.ReadFloor, built on first use
         self.rates = {}  # (impl, mode, figure) -> best work per ms seen (for --max-call-s)
         self.done = {}
         self.results = None
@@ -421,13 +423,24 @@ class Bench:
         sys.stdout.flush()
         os.execv(sys.executable, argv)
 
+    def read_floor_probe(self):
+        if self.read_floor is None:
+            from read_floor import ReadFloor
+            build = pathlib.Path(tempfile.gettempdir()) / "flash_cuda_bench_read_floor"
+            self.read_floor = ReadFloor(self.device, build)
+        return self.read_floor
+
     # -- ceilings ------------------------------------------------------------------------------
     def ceilings(self):
-        """The machine's two ceilings, measured in this run: bf16 GEMM and device copy."""
+        """The machine's ceilings, measured in this run: bf16 GEMM and device copy; with the
+        read_floor impl also the floor of one launch (the probe reading nothing, timed like a
+        decode step)."""
         if not self.cuda or self.results["ceilings"] or self.args.no_ceilings:
             return
         try:
             self.results["ceilings"] = {**self.matmul_ceiling(), **self.copy_ceiling()}
+            if "read_floor" in self.args.impls:
+                self.results["ceilings"].update(self.launch_floor())
             print(f"ceilings: bf16 8192^3 matmul {self.results['ceilings']['matmul_tflops']:.0f} "
                   f"TFLOP/s, copy {self.results['ceilings']['copy_tbps']:.2f} TB/s",
                   file=sys.stderr, flush=True)
@@ -442,6 +455,15 @@ class Bench:
         c = torch.empty_like(a)
         mm = self.time_calls(lambda: torch.matmul(a, b, out=c), 20, 5)
         return {"matmul_tflops": 2 * n**3 / mm["ms"] / 1e9, "matmul_ms": mm["ms"]}
+
+    def launch_floor(self) -> dict:
+        """One launch of the read probe with nothing to read, L2 flushed before each call as in
+        the decode steps: eager and graph-replayed, in microseconds."""
+        probe = self.read_floor_probe()
+        flush = not self.args.no_flush
+        eager = self.time_calls(probe, 20, 3, flush=flush)
+        graph = self.time_calls(self.graph_of(probe), 20, 3, flush=flush)
+        return {"launch_floor_us": eager["ms"] * 1e3, "launch_floor_graph_us": graph["ms"] * 1e3}
 
     def copy_ceiling(self, nbytes=2**30) -> dict:
         src = torch.randn(nbytes // 2, device=self.device, dtype=torch.bfloat16)
@@ -654,6 +676,9 @@ class Bench:
         for impl in impls:  # flash_cuda and its variants, in the order of --impls
             if impl == "flash_cuda" or impl in DECODE_ENV_IMPLS:
                 timed(impl, flash())
+            elif impl == "read_floor":
+                timed(impl, lambda: (lambda: self.read_floor_probe()(kc, vc),
+                                     "no attention: reads K and V once"))
             elif impl == "flash_cuda_append":
                 timed(impl, flash_append())
             elif impl == "flash_cuda_full":  # the peers' call: no per-sequence key counts

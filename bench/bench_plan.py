@@ -39,12 +39,14 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
 # flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
 # cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
 # append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.
+# read_floor: no attention, a kernel that only reads the step's K and V once (read_floor.cu),
+# timed like the steps: the fastest any decode step of that cell could be.
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
                   "flash_cuda_sm90pp", *DECODE_ENV_IMPLS, "flash_cuda_append",
-                  "flash_cuda_hmajor", "flash_cuda_full"]
+                  "flash_cuda_hmajor", "flash_cuda_full", "read_floor"]
 # EFFICIENT is no decode peer here
 DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "flash_cuda_append", "flash_cuda_hmajor",
-                "flash_cuda_full",
+                "flash_cuda_full", "read_floor",
                 "cudnn", "fa2", "math")
 
 

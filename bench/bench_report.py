@@ -21,6 +21,8 @@ import json
 import re
 import sys
 
+from bench_plan import kv_bytes
+
 LABELS = {
     "flash_cuda": "flash_cuda",
     "flash_cuda_det": "flash_cuda det",
@@ -32,6 +34,7 @@ LABELS = {
     "flash_cuda_crow": "flash_cuda row combine",  # session 7 runs (FLASH_CUDA_COMBINE_ROW=1)
     "flash_cuda_cwarp": "flash_cuda warp combine",
     "flash_cuda_nopdl": "flash_cuda no PDL",
+    "read_floor": "read floor",
     "cudnn": "cuDNN",
     "fa2": "FA2",
     "efficient": "xformers",
@@ -39,7 +42,8 @@ LABELS = {
 }
 IMPL_ORDER = ["flash_cuda", "flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90",
               "flash_cuda_sm90fwd", "flash_cuda_sm90plain", "flash_cuda_sm90pp", "flash_cuda_crow",
-              "flash_cuda_cwarp", "flash_cuda_nopdl", "cudnn", "fa2", "efficient", "math"]
+              "flash_cuda_cwarp", "flash_cuda_nopdl", "read_floor", "cudnn", "fa2", "efficient",
+              "math"]
 STATUS_MARK = {"error": "err", "oom": "oom", "skip": "-", "unavailable": "n/a"}
 
 
@@ -306,6 +310,94 @@ def render_split_sweep(t: Table, section: str) -> list[str]:
     return out
 
 
+# Issue 5's decode targets: >= 1.0x cuDNN and >= 1.5x FA2 at every cell, >= 3.8 TB/s of K+V
+# wherever K+V is >= 64 MiB, page 16 and 256 within 10% of the contiguous cache.
+TARGET_TBPS, TARGET_MIN_BYTES, TARGET_FA2, TARGET_PAGED = 3.8, 64 * 2**20, 1.5, 0.9
+
+
+def render_targets(t: Table, section: str = "decode_grid") -> list[str]:
+    """Issue 5's targets over the decode grid, per query length: each cell's figures and ratios,
+    then how many cells meet each target. With the read_floor impl, a miss is also checked
+    against the cell's floor (the K+V read alone): 'unreachable' where even the floor misses."""
+    cases = [c for c in t.cases(section)
+             if t.get(section, c, "decode", "flash_cuda") is not None]
+    if not cases:
+        return []
+    fig = lambda cid, impl: best_decode(t.get(section, cid, "decode", impl))  # noqa: E731
+    floor = "read_floor" in t.impls(section)
+    pages = [p for p in (16, 256) if f"flash_cuda_p{p}" in t.impls(section)]
+    out = ["### Issue 5's targets", "",
+           "Graph-replay TB/s of K+V; fc = flash_cuda; floor = read_floor (a kernel that only "
+           "reads K and V once, timed the same way); pN = paged, page N.", ""]
+    for sq in sorted({t.case(section, c).get("sq", 1) for c in cases}):
+        mine = [c for c in cases if t.case(section, c).get("sq", 1) == sq]
+        header = ["cell", "MiB", "fc TB/s", "fc us", "cuDNN", "FA2"] + (["floor"] if floor else [])
+        header += ["fc/cuDNN", "fc/FA2"] + (["fc/floor"] if floor else [])
+        header += [f"p{p}/fc" for p in pages]
+        body = []
+        n = {"cudnn": [0, 0], "fa2": [0, 0], "tbps": [0, 0], **{p: [0, 0] for p in pages}}
+        below = {"cudnn": [], "fa2": [], "tbps": []}
+        unreachable = {"fa2": 0, "tbps": 0}
+        for cid in mine:
+            c = t.case(section, cid)
+            nbytes = kv_bytes(c)
+            fc, cu, fa, fl = (fig(cid, i) for i in ("flash_cuda", "cudnn", "fa2", "read_floor"))
+            row = t.get(section, cid, "decode", "flash_cuda")
+            us = value(row, "ms_best")
+            line = [cid, f"{nbytes / 2**20:.0f}", num(fc), num(us and us * 1e3, "{:.1f}"),
+                    num(cu), num(fa)] + ([num(fl)] if floor else [])
+            line += [ratio3(fc, cu), ratio3(fc, fa)] + ([ratio3(fc, fl)] if floor else [])
+            for p in pages:
+                pf = fig(cid, f"flash_cuda_p{p}")
+                line.append(ratio3(pf, fc))
+                if pf is not None and fc:
+                    n[p][1] += 1
+                    n[p][0] += pf >= TARGET_PAGED * fc
+            body.append(line)
+            if fc is None:
+                continue
+            if cu:
+                n["cudnn"][1] += 1
+                n["cudnn"][0] += fc >= cu
+                if fc < cu:
+                    below["cudnn"].append(f"{cid} {fc / cu:.3f}")
+            if fa:
+                n["fa2"][1] += 1
+                n["fa2"][0] += fc >= TARGET_FA2 * fa
+                if fc < TARGET_FA2 * fa:
+                    below["fa2"].append(f"{cid} {fc / fa:.2f}")
+                    unreachable["fa2"] += fl is not None and fl < TARGET_FA2 * fa
+            if nbytes >= TARGET_MIN_BYTES:
+                n["tbps"][1] += 1
+                n["tbps"][0] += fc >= TARGET_TBPS
+                if fc < TARGET_TBPS:
+                    below["tbps"].append(f"{cid} {fc:.2f}")
+                    unreachable["tbps"] += fl is not None and fl < TARGET_TBPS
+        title = "one query token" if sq == 1 else f"{sq} query tokens"
+        out += [f"#### {title}", ""] + md_table(header, body) + [""]
+        out.append(f"- >= 1.0x cuDNN: {n['cudnn'][0]} of {n['cudnn'][1]}"
+                   + (f" (below: {'; '.join(below['cudnn'])})" if below["cudnn"] else ""))
+        out.append(f"- >= {TARGET_TBPS} TB/s where K+V >= 64 MiB: {n['tbps'][0]} of {n['tbps'][1]}"
+                   + (f" (below: {'; '.join(below['tbps'])}; the floor itself below "
+                      f"{TARGET_TBPS} on {unreachable['tbps']} of them)" if below["tbps"] else ""))
+        out.append(f"- >= {TARGET_FA2}x FA2: {n['fa2'][0]} of {n['fa2'][1]}"
+                   + (f"; of the {len(below['fa2'])} below, the floor itself under "
+                      f"{TARGET_FA2}x FA2 on {unreachable['fa2']}" if floor and below["fa2"]
+                      else ""))
+        for p in pages:
+            out.append(f"- page {p} within 10% of contiguous: {n[p][0]} of {n[p][1]}")
+        out.append("")
+    return out
+
+
+def num(x, fmt: str = "{:.2f}") -> str:
+    return "" if x is None else fmt.format(x)
+
+
+def ratio3(a, b) -> str:
+    return "" if a is None or not b else f"{a / b:.3f}"
+
+
 def best_decode(row):
     """The figure a decode row is judged by: graph replay where it was timed, else eager."""
     return value(row, "tbps_best")
@@ -398,9 +490,13 @@ def render_header(results: dict) -> list[str]:
     ]
     if ceil:
         mm, cp = ceil.get("matmul_tflops"), ceil.get("copy_tbps")
+        launch = ceil.get("launch_floor_graph_us")
         lines.append(
             f"Ceilings this run: bf16 8192³ matmul {'?' if mm is None else f'{mm:.0f}'} TFLOP/s; "
-            f"device copy {'?' if cp is None else f'{cp:.2f}'} TB/s (read + write)")
+            f"device copy {'?' if cp is None else f'{cp:.2f}'} TB/s (read + write)"
+            + ("" if launch is None else
+               f"; one launch reading nothing {launch:.1f} us graph-replayed, "
+               f"{ceil['launch_floor_us']:.1f} us eager (L2 flushed before each)"))
     lines.append("")
     return lines
 
@@ -415,6 +511,7 @@ def render(results: dict, compact: bool = False) -> str:
         out += render_gqa_times(t)
     out += render_decode(t, "decode", compact)
     out += render_decode(t, "decode_grid", compact)
+    out += render_targets(t)
     out += render_det(t)
     out += render_memory(t, compact)
     out += render_problems(t, limit=6 if compact else 20)

@@ -137,6 +137,39 @@ def test_report_det_cost_and_memory_tables():
     assert "deterministic" not in report.render({"meta": {}, "rows": rows[:1] + rows[2:]})
 
 
+
+def test_report_issue5_targets():
+    """The targets table: each count follows its threshold, and a miss whose read floor is
+    itself below the threshold is counted unreachable."""
+    big = plan.decode_case(1, 131072, 32, 1, 128)   # 64 MiB: the 3.8 TB/s target applies
+    small = plan.decode_case(1, 1024, 32, 8, 128)   # 4 MiB: it does not
+    q4 = plan.decode_case(1, 1024, 32, 8, 128, sq=4)
+    figures = {  # case -> impl -> TB/s (graph)
+        "big": {"flash_cuda": 2.0, "cudnn": 1.8, "fa2": 1.5, "read_floor": 2.5,
+                "flash_cuda_p16": 1.7, "flash_cuda_p256": 1.9},
+        "small": {"flash_cuda": 0.37, "cudnn": 0.38, "fa2": 0.2, "read_floor": 1.0,
+                  "flash_cuda_p16": 0.36, "flash_cuda_p256": 0.37},
+        "q4": {"flash_cuda": 0.5, "cudnn": 0.4, "fa2": 0.3, "read_floor": 1.0},
+    }
+    cases = {"big": big, "small": small, "q4": q4}
+    rows = [{"section": "decode_grid", "case_id": plan.decode_id(cases[name]),
+             "case": cases[name], "mode": "decode", "impl": impl, "status": "ok",
+             "tbps_best": tbps, "ms_best": plan.kv_bytes(cases[name]) / tbps / 1e9}
+            for name, impls in figures.items() for impl, tbps in impls.items()]
+    md = report.render({"meta": {}, "rows": rows})
+    one = md.split("#### one query token")[1].split("#### 4 query tokens")[0]
+    assert "| b1 kv131072 h32/1 d128 | 64 | 2.00 | 33.6 | 1.80 | 1.50 | 2.50 | 1.111 | 1.333 | " \
+           "0.800 | 0.850 | 0.950 |" in one
+    assert "- >= 1.0x cuDNN: 1 of 2 (below: b1 kv1024 h32/8 d128 0.974)" in one
+    assert ("- >= 3.8 TB/s where K+V >= 64 MiB: 0 of 1 (below: b1 kv131072 h32/1 d128 2.00; "
+            "the floor itself below 3.8 on 1 of them)") in one
+    assert "- >= 1.5x FA2: 1 of 2; of the 1 below, the floor itself under 1.5x FA2 on 0" in one
+    assert "- page 16 within 10% of contiguous: 1 of 2" in one
+    assert "- page 256 within 10% of contiguous: 2 of 2" in one
+    four = md.split("#### 4 query tokens")[1]
+    assert "- >= 1.0x cuDNN: 1 of 1" in four and "where K+V >= 64 MiB: 0 of 0" in four
+    assert "- page 16 within 10% of contiguous: 0 of 0" in four
+
 def test_flops_and_bytes():
     c = plan.prefill_case(4, 4096, 16, 16, 128, False)
     assert plan.prefill_flops(c, "fwd") == 4 * 4 * 16 * 4096 * 4096 * 128
