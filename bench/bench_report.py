@@ -328,7 +328,8 @@ def render_targets(t: Table, section: str = "decode_grid") -> list[str]:
     pages = [p for p in (16, 256) if f"flash_cuda_p{p}" in t.impls(section)]
     out = ["### Issue 5's targets", "",
            "Graph-replay TB/s of K+V; fc = flash_cuda; floor = read_floor (a kernel that only "
-           "reads K and V once, timed the same way); pN = paged, page N.", ""]
+           "reads K and V once, timed the same way: the fastest a step can be, to within the few "
+           "% by which a tuned kernel streams faster than it); pN = paged, page N.", ""]
     for sq in sorted({t.case(section, c).get("sq", 1) for c in cases}):
         mine = [c for c in cases if t.case(section, c).get("sq", 1) == sq]
         header = ["cell", "MiB", "fc TB/s", "fc us", "cuDNN", "FA2"] + (["floor"] if floor else [])
