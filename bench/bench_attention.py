@@ -424,6 +424,7 @@ class Bench:
         os.execv(sys.executable, argv)
 
     def read_floor_probe(self):
+        """The read_floor impl's kernel (bench/read_floor.py), compiled on first use."""
         if self.read_floor is None:
             from read_floor import ReadFloor
             build = pathlib.Path(tempfile.gettempdir()) / "flash_cuda_bench_read_floor"

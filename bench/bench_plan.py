@@ -40,7 +40,8 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
 # cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
 # append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.
 # read_floor: no attention, a kernel that only reads the step's K and V once (read_floor.cu),
-# timed like the steps: the fastest any decode step of that cell could be.
+# timed like the steps: the fastest any decode step of that cell could be (to within the ~3% by
+# which flash_cuda's kernels outstream it on the largest cells, bench/NOTES.md run 129).
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
                   "flash_cuda_sm90pp", *DECODE_ENV_IMPLS, "flash_cuda_append",
                   "flash_cuda_hmajor", "flash_cuda_full", "read_floor"]

@@ -169,6 +169,14 @@ def test_report_issue5_targets():
     four = md.split("#### 4 query tokens")[1]
     assert "- >= 1.0x cuDNN: 1 of 1" in four and "where K+V >= 64 MiB: 0 of 0" in four
     assert "- page 16 within 10% of contiguous: 0 of 0" in four
+    # Without the probe: no floor column, and the misses are listed without the floor's verdict.
+    md = report.render({"meta": {}, "rows": [r for r in rows if r["impl"] != "read_floor"]})
+    one = md.split("#### one query token")[1].split("#### 4 query tokens")[0]
+    assert "| cell | MiB | fc TB/s | fc us | cuDNN | FA2 | fc/cuDNN | fc/FA2 | p16/fc | p256/fc |" \
+        in one
+    assert ("- >= 3.8 TB/s where K+V >= 64 MiB: 0 of 1 (below: b1 kv131072 h32/1 d128 2.00)"
+            in one)
+    assert "- >= 1.5x FA2: 1 of 2\n" in one
 
 def test_flops_and_bytes():
     c = plan.prefill_case(4, 4096, 16, 16, 128, False)
