@@ -5,11 +5,14 @@ explains its ratios.
 
     PYTHONPATH=. python3 bench/kernel_times.py --prefill 128,1024,causal --prefill 128,16384
     PYTHONPATH=. python3 bench/kernel_times.py --decode 1,1024 --decode 8,8192
+    PYTHONPATH=. python3 bench/kernel_times.py --decode 1,32768 --flush read
     PYTHONPATH=. python3 bench/kernel_times.py --eager 1,1024
 
 --prefill d,seqlen[,causal]: bf16, batch x seqlen = 16384 tokens, hidden 2048 (ANCHORS grid),
 forward + backward. --decode b,kv_len[,kv_heads]: one query token, 32 query heads (8 KV heads
-unless given), d128, bf16 KV cache.
+unless given), d128, bf16 KV cache; the SDPA peers get the cache head-major and contiguous, as
+in bench_attention.py. --flush memset|read: the L2 flushed before every profiled call as the
+decode benchmark does (256 MiB; the flush's own kernels are left out of the tables).
 Per case and implementation: each kernel's mean time per call (us), calls per call, and the sum.
 """
 
@@ -29,14 +32,26 @@ REPS = 10
 PEERS = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def kernel_table(fn, reps=REPS):
-    """{kernel name: (total us per call, launches per call)} over `reps` profiled calls."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
+FLUSH = None  # --flush: a function that evicts L2 before each profiled call, or None
+FLUSH_KIND = None
+
+
+def make_flush(kind: str):
+    """The decode benchmark's L2 flush (bench_attention.py flush_l2): a 256 MiB memset, which
+    leaves dirty lines, or a read of the same buffer, which leaves clean ones."""
+    buf = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
+    if kind == "read":
+        return lambda: buf.view(torch.int64).sum()
+    return buf.zero_
+
+
+def profile_kernels(fn, reps):
+    """{kernel name: (total us, launches)} over `reps` profiled calls of fn (FLUSH before each)."""
     acts = [torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(reps):
+            if FLUSH is not None:
+                FLUSH()
             fn()
         torch.cuda.synchronize()
     times, counts = collections.Counter(), collections.Counter()
@@ -44,6 +59,20 @@ def kernel_table(fn, reps=REPS):
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
             times[e.name] += e.device_time
             counts[e.name] += 1
+    return times, counts
+
+
+def kernel_table(fn, reps=REPS):
+    """{kernel name: (total us per call, launches per call)} over `reps` profiled calls; with
+    --flush, the flush's own kernels are left out."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times, counts = profile_kernels(fn, reps)
+    if FLUSH is not None:
+        flush_only, _ = profile_kernels(lambda: None, 2)
+        for name in flush_only:
+            times.pop(name, None)
     return {k: (times[k] / reps, counts[k] / reps) for k in times}
 
 
@@ -93,14 +122,15 @@ def decode(b, kv, hkv=8):
     seqlens = torch.full((b,), kv, dtype=torch.int32, device="cuda")
     tables = {"flash_cuda": kernel_table(
         lambda: flash_cuda.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens))}
-    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, kc, vc))
     for name, backend in PEERS.items():
         def run(backend=backend):
             with sdpa_kernel(backend):
                 F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
         with contextlib.suppress(RuntimeError):
             tables[name] = kernel_table(run)
-    show(f"decode b{b} kv{kv} h{hq}/{hkv} d{d}", tables)
+    flush = "" if FLUSH is None else f", L2 flushed ({FLUSH_KIND}) before each call"
+    show(f"decode b{b} kv{kv} h{hq}/{hkv} d{d}{flush}", tables)
 
 
 def eager(b, kv, calls=200):
@@ -152,7 +182,12 @@ def main() -> None:
     p.add_argument("--prefill", action="append", default=[], help="d,seqlen[,causal]")
     p.add_argument("--decode", action="append", default=[], help="batch,kv_len[,kv_heads (8)]")
     p.add_argument("--eager", action="append", default=[], help="batch,kv_len (host cost)")
+    p.add_argument("--flush", choices=["memset", "read"], default=None,
+                   help="decode and prefill tables: flush L2 before every profiled call")
     args = p.parse_args()
+    global FLUSH, FLUSH_KIND
+    FLUSH_KIND = args.flush
+    FLUSH = make_flush(args.flush) if args.flush else None
     for spec in args.prefill:
         parts = spec.split(",")
         prefill(int(parts[0]), int(parts[1]), len(parts) > 2 and parts[2] == "causal")
