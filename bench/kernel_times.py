@@ -14,6 +14,9 @@ unless given), d128, bf16 KV cache; the SDPA peers get the cache head-major and 
 in bench_attention.py. --flush memset|read: the L2 flushed before every profiled call as the
 decode benchmark does (256 MiB; the flush's own kernels are left out of the tables).
 Per case and implementation: each kernel's mean time per call (us), calls per call, and the sum.
+flash_cuda's split-KV combine kernel is launched with programmatic dependent launch on sm_90: it
+starts while the attention kernel runs and waits for it, so its time here includes that wait and
+the sum counts the overlap twice (the attention kernel's own time is exact).
 """
 
 from __future__ import annotations
