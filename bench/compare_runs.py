@@ -8,7 +8,9 @@ For every case all files have, prints each variant's figure of `--impl` (TB/s fo
 for prefill: graph-replay timing where there is one), its ratio to the same process's `--peer`,
 and its ratio to the first variant; then per variant the geometric means and how many cases
 reach 1.0x / 0.97x of the peer. Ratios to the first variant are what an A/B measures; the
-ratios to the peer show how much the machine moved between processes.
+ratios to the peer show how much the machine moved between processes. With repeats of one
+variant (the same build in several processes), the line "median over the runs" gives each
+case's median ratio to the peer: the cases below it in most processes, not in one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 
 import bench_report as report
@@ -49,14 +52,17 @@ def compare(runs: dict[str, report.Table], impl: str, peer: str,
         [f"{n}/{names[0]}" for n in names[1:]]
     body = []
     to_peer = {n: [] for n in names}
+    per_case = []  # (case, [impl/peer of each run that has the peer])
     to_first = {n: [] for n in names[1:]}
     for key in keys:
         cells = [key[1] if key[2] in ("decode", "fwd") else f"{key[1]} {key[2]}"]
+        per_case.append((cells[0], []))
         for n in names:
             value, ref = figure(runs[n].get(*key, impl)), figure(runs[n].get(*key, peer))
             cells += [f"{value:.3f}", f"{value / ref:.3f}" if ref else "-"]
             if ref:
                 to_peer[n].append(value / ref)
+                per_case[-1][1].append(value / ref)
         base = figure(first.get(*key, impl))
         for n in names[1:]:
             to_first[n].append(figure(runs[n].get(*key, impl)) / base)
@@ -68,6 +74,15 @@ def compare(runs: dict[str, report.Table], impl: str, peer: str,
         lines.append(f"{n}: {impl}/{peer} geometric mean {geomean(r):.4f}, >= 1.0 on "
                      f"{sum(x >= 1.0 for x in r)} of {len(r)}, >= 0.97 on "
                      f"{sum(x >= 0.97 for x in r)}")
+    if len(names) > 1:
+        # Repeats of one variant (separate processes): the median ratio of each case, so that a
+        # case is called below the peer only when most runs put it there.
+        medians = [(case, statistics.median(r), r) for case, r in per_case if r]
+        below = [f"{case} {m:.3f} ({min(r):.3f}-{max(r):.3f})" for case, m, r in medians
+                 if m < 1.0]
+        lines.append(f"median over the runs: {impl}/{peer} >= 1.0 on "
+                     f"{sum(m >= 1.0 for _, m, _ in medians)} of {len(medians)}"
+                     + (f"; below: {'; '.join(below)}" if below else ""))
     for n in names[1:]:
         r = to_first[n]
         lines.append(f"{n} / {names[0]}: geometric mean {geomean(r):.4f}, "

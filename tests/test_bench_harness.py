@@ -364,3 +364,6 @@ def test_compare_runs_ratios(tmp_path, capsys):
     assert "c3" not in out and "c4" not in out
     assert "a: flash_cuda/cudnn geometric mean 0.8944, >= 1.0 on 1 of 2, >= 0.97 on 1" in out
     assert "b / a: geometric mean 0.8660, range 0.500-1.500 over 2 cases" in out
+    # Per case, the median of the runs' ratios to their peer: c1 (1.0, 1.5), c2 (0.8, 0.8).
+    assert "median over the runs: flash_cuda/cudnn >= 1.0 on 1 of 2; below: c2 0.800 " \
+           "(0.800-0.800)" in out
