@@ -12,7 +12,7 @@ explains its ratios.
 forward + backward. --decode b,kv_len[,kv_heads]: one query token, 32 query heads (8 KV heads
 unless given), d128, bf16 KV cache; the SDPA peers get the cache head-major and contiguous, as
 in bench_attention.py. --flush memset|read: the L2 flushed before every profiled call as the
-decode benchmark does (256 MiB; the flush's own kernels are left out of the tables).
+decode benchmark does (256 MiB; the flush's own launches are subtracted from the tables).
 Per case and implementation: each kernel's mean time per call (us), calls per call, and the sum.
 flash_cuda's split-KV combine kernel is launched with programmatic dependent launch on sm_90: it
 starts while the attention kernel runs and waits for it, so its time here includes that wait and
@@ -72,10 +72,13 @@ def kernel_table(fn, reps=REPS):
         fn()
     torch.cuda.synchronize()
     times, counts = profile_kernels(fn, reps)
-    if FLUSH is not None:
-        flush_only, _ = profile_kernels(lambda: None, 2)
-        for name in flush_only:
-            times.pop(name, None)
+    if FLUSH is not None:  # take the flush's own launches out (a kernel fn shares keeps its own)
+        flush_times, flush_counts = profile_kernels(lambda: None, reps)
+        for name, n in flush_counts.items():
+            counts[name] -= n
+            times[name] -= flush_times[name]
+            if counts[name] <= 0:
+                del counts[name], times[name]
     return {k: (times[k] / reps, counts[k] / reps) for k in times}
 
 
@@ -186,7 +189,7 @@ def main() -> None:
     p.add_argument("--decode", action="append", default=[], help="batch,kv_len[,kv_heads (8)]")
     p.add_argument("--eager", action="append", default=[], help="batch,kv_len (host cost)")
     p.add_argument("--flush", choices=["memset", "read"], default=None,
-                   help="decode and prefill tables: flush L2 before every profiled call")
+                   help="flush L2 before every profiled call (decode and prefill tables)")
     args = p.parse_args()
     global FLUSH, FLUSH_KIND
     FLUSH_KIND = args.flush
