@@ -157,7 +157,7 @@ class Bench:
         self.out_dir = pathlib.Path(args.out)
         self.json_path = self.out_dir / "bench.json"
         self.excluded = set(args.exclude)
-        self.l2_flush_buf = None
+        self.l2_flush = None  # make_l2_flush's function, made on first use
         self.read_floor = None  # read_floor.ReadFloor, built on first use
         self.rates = {}  # (impl, mode, figure) -> best work per ms seen (for --max-call-s)
         self.done = {}
@@ -242,15 +242,10 @@ class Bench:
         return contextlib.nullcontext()
 
     def flush_l2(self):
-        """Evicts the 50 MB L2 through a 256 MiB buffer. memset: the L2 is left full of dirty
-        lines, which the timed call then writes back to HBM as it evicts them (up to ~50 MB of
-        writes during the call); read: the buffer is read, leaving clean lines."""
-        if self.l2_flush_buf is None:
-            self.l2_flush_buf = torch.zeros(256 * 2**20, dtype=torch.uint8, device=self.device)
-        if self.args.l2_flush == "read":
-            self.l2_flush_buf.view(torch.int64).sum()
-        else:
-            self.l2_flush_buf.zero_()
+        """Evicts the L2 before a timed call (make_l2_flush, --l2-flush)."""
+        if self.l2_flush is None:
+            self.l2_flush = make_l2_flush(self.args.l2_flush, self.device)
+        self.l2_flush()
 
     # -- timing --------------------------------------------------------------------------------
     def time_calls(self, fn, reps, warmup, flush=False) -> dict:
@@ -460,7 +455,7 @@ class Bench:
     def launch_floor(self) -> dict:
         """One launch of the read probe with nothing to read, L2 flushed before each call as in
         the decode steps: eager and graph-replayed, in microseconds."""
-        probe = self.read_floor_probe()
+        probe = self.read_floor_probe().bind()
         flush = not self.args.no_flush
         eager = self.time_calls(probe, 20, 3, flush=flush)
         graph = self.time_calls(self.graph_of(probe), 20, 3, flush=flush)
@@ -678,7 +673,7 @@ class Bench:
             if impl == "flash_cuda" or impl in DECODE_ENV_IMPLS:
                 timed(impl, flash())
             elif impl == "read_floor":
-                timed(impl, lambda: (lambda: self.read_floor_probe()(kc, vc),
+                timed(impl, lambda: (self.read_floor_probe().bind(kc, vc),
                                      "no attention: reads K and V once"))
             elif impl == "flash_cuda_append":
                 timed(impl, flash_append())
@@ -788,6 +783,16 @@ class Bench:
             raise
         (self.out_dir / "bench.md").write_text(md)
         print(md, end="", flush=True)
+
+
+def make_l2_flush(kind: str, device):
+    """A function that evicts the 50 MB L2 through a 256 MiB buffer. memset: the L2 is left full
+    of dirty lines, which the next call writes back to HBM as it evicts them (up to ~50 MB of
+    writes during it); read: the buffer is read, leaving clean lines."""
+    buf = torch.zeros(256 * 2**20, dtype=torch.uint8, device=device)
+    if kind == "read":
+        return lambda: buf.view(torch.int64).sum()
+    return buf.zero_
 
 
 def math_upcasts() -> bool:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_cuda
+from bench_attention import make_l2_flush  # the decode benchmark's flush
 
 REPS = 10
 PEERS = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -37,15 +38,6 @@ PEERS = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 FLUSH = None  # --flush: a function that evicts L2 before each profiled call, or None
 FLUSH_KIND = None
-
-
-def make_flush(kind: str):
-    """The decode benchmark's L2 flush (bench_attention.py flush_l2): a 256 MiB memset, which
-    leaves dirty lines, or a read of the same buffer, which leaves clean ones."""
-    buf = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
-    if kind == "read":
-        return lambda: buf.view(torch.int64).sum()
-    return buf.zero_
 
 
 def profile_kernels(fn, reps):
@@ -193,7 +185,7 @@ def main() -> None:
     args = p.parse_args()
     global FLUSH, FLUSH_KIND
     FLUSH_KIND = args.flush
-    FLUSH = make_flush(args.flush) if args.flush else None
+    FLUSH = make_l2_flush(args.flush, "cuda") if args.flush else None
     for spec in args.prefill:
         parts = spec.split(",")
         prefill(int(parts[0]), int(parts[1]), len(parts) > 2 and parts[2] == "causal")

@@ -5,34 +5,33 @@ A kernel that only reads a decode step's K and V caches, once, timed the same wa
 says which of issue 5's bandwidth targets a cell can reach at all. With nothing to read it is
 the floor of one launch (`launch_floor_us` in the run's ceilings).
 
-Built on first use with nvcc (CUDA_HOME or PATH) into a shared library in a build folder the
+Built on first use with torch's nvcc (cpp_extension.CUDA_HOME) into a shared library in a build folder the
 bench names (under the temp folder), called through ctypes on torch's current stream.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import pathlib
-import shutil
 import subprocess
 
 import torch
+from torch.utils import cpp_extension
 
 SOURCE = pathlib.Path(__file__).with_name("read_floor.cu")
 
 
 def nvcc() -> str:
-    home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
-    path = pathlib.Path(home) / "bin" / "nvcc"
-    found = str(path) if path.exists() else shutil.which("nvcc")
-    if not found:
+    """torch's CUDA toolkit (CUDA_HOME, else the nvcc on PATH, else /usr/local/cuda)."""
+    home = cpp_extension.CUDA_HOME
+    path = pathlib.Path(home) / "bin" / "nvcc" if home else None
+    if path is None or not path.exists():
         raise RuntimeError("read_floor: nvcc not found (set CUDA_HOME)")
-    return found
+    return str(path)
 
 
 class ReadFloor:
-    """probe(a, b): launches the read of tensors a and b on the current stream."""
+    """probe.bind(a, b)(): launches the read of tensors a and b on the current stream."""
 
     def __init__(self, device: torch.device, build_dir: pathlib.Path):
         major, minor = torch.cuda.get_device_capability(device)
@@ -60,9 +59,13 @@ class ReadFloor:
             raise ValueError("read_floor: sizes and addresses must be multiples of 16 bytes")
         return x.data_ptr(), nbytes
 
-    def __call__(self, a: torch.Tensor | None = None, b: torch.Tensor | None = None):
+    def bind(self, a: torch.Tensor | None = None, b: torch.Tensor | None = None):
+        """A launcher of the read of a and b (None: nothing), their addresses checked once."""
         (pa, na), (pb, nb) = (self.span(x) if x is not None else (0, 0) for x in (a, b))
-        stream = torch.cuda.current_stream().cuda_stream
-        err = self.lib.read_floor_launch(pa, na, pb, nb, self.sink.data_ptr(), self.ctas, stream)
-        if err:
-            raise RuntimeError(f"read_floor: launch failed (cudaError {err})")
+        sink, launch = self.sink.data_ptr(), self.lib.read_floor_launch
+
+        def run():
+            err = launch(pa, na, pb, nb, sink, self.ctas, torch.cuda.current_stream().cuda_stream)
+            if err:
+                raise RuntimeError(f"read_floor: launch failed (cudaError {err})")
+        return run
