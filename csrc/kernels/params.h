@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "kernels/fast_divisor.h"
+
 namespace flash_cuda {
 
 // Inputs shared by forward and backward: Q, K, V pointers, strides and head counts.
@@ -153,6 +155,15 @@ struct FwdParams : public QKVParams {
     int head_group;
     int head_group_rows;
     int64_t k_group_head_stride, v_group_head_stride;
+
+    // The divisors of the sm80 forward kernel's index math (kernels/fast_divisor.h: a
+    // multiply-high and a shift each instead of an emulated division), made from the fields
+    // above by sm80/fwd.cuh prepare_fwd_grid, through which every launch of that kernel goes.
+    FastDivisor num_m_blocks_div;     // the grid's query blocks (decode tile: per split)
+    FastDivisor num_splits_div;
+    FastDivisor gqa_pack_div;         // 1 when gqa_pack is off
+    FastDivisor h_h_k_ratio_div;
+    FastDivisor head_group_rows_div;  // 1 when head groups are off
 
     // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.
     int tile_variant;

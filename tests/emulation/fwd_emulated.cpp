@@ -45,15 +45,9 @@ using namespace emu_host;
 
 template <typename Element, typename Traits, bool Causal>
 void run_traits(FwdParams& params) {
-    // fwd_launch.cuh: the decode tile runs (KV) heads along x, splits x m blocks along z.
+    // The launcher's grid and divisors (fwd.cuh prepare_fwd_grid).
     auto grid_for = [&](auto traits) {
-        using T = decltype(traits);
-        const bool packed = T::kPackGQA && params.gqa_pack > 1;
-        const int rows = params.seqlen_q * (packed ? params.gqa_pack : 1);
-        const int num_m_blocks = (rows + T::kBlockM - 1) / T::kBlockM;
-        const int heads = packed ? params.h / params.gqa_pack : params.h;
-        return T::kSplitKV ? dim3(heads, params.b, num_m_blocks * params.num_splits)
-                           : dim3(num_m_blocks, params.b, params.h);
+        return flash_cuda::sm80::prepare_fwd_grid<decltype(traits)>(params);
     };
     const dim3 grid = grid_for(Traits{});
     // Same variant choice as csrc/kernels/sm80/fwd_launch.cuh.

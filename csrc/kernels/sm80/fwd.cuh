@@ -48,8 +48,37 @@
 namespace flash_cuda {
 namespace sm80 {
 
+// The per-sequence integers, each a predicated load with no branch before it (0 where the
+// pointer is null), issued from the kernel's first instructions: the Q tile (varlen), the key
+// range and with it the first K/V copies wait on them. (Loaded inside SequenceInfo's branches
+// and after the grid-coordinate divisions, cache_seqlens was issued 156 instructions into the
+// d128 decode kernel, now 36.)
+struct SequenceLoads {
+    int q_start, q_end;  // cu_seqlens_q[batch], [batch + 1]
+    int k_start, k_end;  // cu_seqlens_k[batch], [batch + 1]
+    int cache_row;       // KV cache: batch entry i reads cache sequence cache_batch_idx[i]
+    int seqused;         // seqused_k[batch] (cache_seqlens)
+    int leftpad;         // leftpad_k[batch] (cache_leftpad)
+
+    __device__ __forceinline__ static SequenceLoads issue(const FwdParams& params, int batch) {
+        SequenceLoads l;
+        const bool varlen_q = params.cu_seqlens_q != nullptr;
+        const bool varlen_k = params.cu_seqlens_k != nullptr;
+        l.q_start = varlen_q ? params.cu_seqlens_q[batch] : 0;
+        l.q_end = varlen_q ? params.cu_seqlens_q[batch + 1] : 0;
+        l.k_start = varlen_k ? params.cu_seqlens_k[batch] : 0;
+        l.k_end = varlen_k ? params.cu_seqlens_k[batch + 1] : 0;
+        l.cache_row = params.cache_batch_idx != nullptr ? params.cache_batch_idx[batch] : batch;
+        l.seqused = params.seqused_k != nullptr ? params.seqused_k[batch] : 0;
+        l.leftpad = params.leftpad_k != nullptr ? params.leftpad_k[batch] : 0;
+        return l;
+    }
+};
+
 // Where one batch entry's rows start and how many there are (fixed length or varlen; KV cache
-// with cache_batch_idx / cache_leftpad; paged KV).
+// with cache_batch_idx / cache_leftpad; paged KV). Two halves, so that the kernel can issue its
+// Q copy between them: set_query_rows consumes only cu_seqlens_q (nothing loaded with
+// fixed-length q), set_keys the rest of the loads.
 struct SequenceInfo {
     int64_t q_offset;   // element offset of row 0 of q (o uses the same rows)
     int64_t o_offset;
@@ -61,50 +90,44 @@ struct SequenceInfo {
     int k_pos0;         // paged: cache position of key 0 (cache_leftpad), else 0
 
     __device__ __forceinline__ static SequenceInfo make(const FwdParams& params, int batch) {
-        // The per-sequence integers first, each a predicated load with no branch before it, so
-        // that all are in flight from the kernel's first instructions: the key range, and with
-        // it the first K/V copies, wait on them. (Loaded inside the branches below and after the
-        // grid-coordinate divisions, cache_seqlens was issued 156 instructions into the d128
-        // decode kernel, now 36.)
-        const bool varlen_q = params.cu_seqlens_q != nullptr;
-        const bool varlen_k = params.cu_seqlens_k != nullptr;
-        const int q_start = varlen_q ? params.cu_seqlens_q[batch] : 0;
-        const int q_end = varlen_q ? params.cu_seqlens_q[batch + 1] : 0;
-        const int k_start = varlen_k ? params.cu_seqlens_k[batch] : 0;
-        const int k_end = varlen_k ? params.cu_seqlens_k[batch + 1] : 0;
-        // KV cache: batch entry i reads cache sequence cache_batch_idx[i].
-        const int cache_row =
-            params.cache_batch_idx != nullptr ? params.cache_batch_idx[batch] : batch;
-        const int seqused = params.seqused_k != nullptr ? params.seqused_k[batch] : 0;
-        const int leftpad = params.leftpad_k != nullptr ? params.leftpad_k[batch] : 0;
-
+        const SequenceLoads loads = SequenceLoads::issue(params, batch);
         SequenceInfo info;
-        if (varlen_q) {
-            info.q_start = q_start;
-            info.seqlen_q = q_end - q_start;
-            info.q_offset = static_cast<int64_t>(q_start) * params.q_row_stride;
-            info.o_offset = static_cast<int64_t>(q_start) * params.o_row_stride;
+        info.set_query_rows(params, batch, loads);
+        info.set_keys(params, loads);
+        return info;
+    }
+
+    __device__ __forceinline__ void set_query_rows(const FwdParams& params, int batch,
+                                                   const SequenceLoads& loads) {
+        if (params.cu_seqlens_q != nullptr) {
+            q_start = loads.q_start;
+            seqlen_q = loads.q_end - loads.q_start;
+            q_offset = static_cast<int64_t>(loads.q_start) * params.q_row_stride;
+            o_offset = static_cast<int64_t>(loads.q_start) * params.o_row_stride;
         } else {
-            info.q_start = 0;
-            info.seqlen_q = params.seqlen_q;
-            info.q_offset = static_cast<int64_t>(batch) * params.q_batch_stride;
-            info.o_offset = static_cast<int64_t>(batch) * params.o_batch_stride;
+            q_start = 0;
+            seqlen_q = params.seqlen_q;
+            q_offset = static_cast<int64_t>(batch) * params.q_batch_stride;
+            o_offset = static_cast<int64_t>(batch) * params.o_batch_stride;
         }
-        if (varlen_k) {
-            info.seqlen_k = k_end - k_start;
-            info.k_offset = static_cast<int64_t>(k_start) * params.k_row_stride;
-            info.v_offset = static_cast<int64_t>(k_start) * params.v_row_stride;
+    }
+
+    __device__ __forceinline__ void set_keys(const FwdParams& params, const SequenceLoads& loads) {
+        if (params.cu_seqlens_k != nullptr) {
+            seqlen_k = loads.k_end - loads.k_start;
+            k_offset = static_cast<int64_t>(loads.k_start) * params.k_row_stride;
+            v_offset = static_cast<int64_t>(loads.k_start) * params.v_row_stride;
         } else {
             // KV cache: the cache row, clamped into the cache (see the device-side bounds below).
-            int row = cache_row;
+            int row = loads.cache_row;
             if (params.cache_batch_idx != nullptr && params.kv_cache_rows > 0) {
                 row = min(max(row, 0), params.kv_cache_rows - 1);
             }
-            info.seqlen_k = params.seqlen_k;
-            info.k_offset = static_cast<int64_t>(row) * params.k_batch_stride;
-            info.v_offset = static_cast<int64_t>(row) * params.v_batch_stride;
+            seqlen_k = params.seqlen_k;
+            k_offset = static_cast<int64_t>(row) * params.k_batch_stride;
+            v_offset = static_cast<int64_t>(row) * params.v_batch_stride;
         }
-        if (params.seqused_k != nullptr) info.seqlen_k = seqused;
+        if (params.seqused_k != nullptr) seqlen_k = loads.seqused;
         // Device-side bounds. The host's value checks reject a cache_batch_idx, cache_seqlens,
         // cache_leftpad or block table that would reach past the cache, but they do not run in
         // CUDA-graph capture or with FLASH_CUDA_CHECK_VALUES=0, and a stale kept host copy can
@@ -114,29 +137,28 @@ struct SequenceInfo {
         // capacity (seqlen_k); entries of the table are clamped where a row's address is formed
         // (PagedKVRows::clamp_page in load_kv_tile).
         if (params.block_table != nullptr && params.block_table_cols > 0) {
-            info.seqlen_k = static_cast<int>(
-                min(static_cast<int64_t>(info.seqlen_k),
+            seqlen_k = static_cast<int>(
+                min(static_cast<int64_t>(seqlen_k),
                     static_cast<int64_t>(params.block_table_cols) * params.page_block_size));
         } else if (params.cu_seqlens_k == nullptr) {
-            info.seqlen_k = min(info.seqlen_k, params.seqlen_k);
+            seqlen_k = min(seqlen_k, params.seqlen_k);
         }
-        info.seqlen_k = max(info.seqlen_k, 0);
+        seqlen_k = max(seqlen_k, 0);
         // Paged: key positions go through the block table (k/v batch strides are the physical
         // block strides), so the sequence starts at block-table position 0.
-        if (params.block_table != nullptr) info.k_offset = info.v_offset = 0;
-        info.k_pos0 = 0;
+        if (params.block_table != nullptr) k_offset = v_offset = 0;
+        k_pos0 = 0;
         // KV cache with left padding: keys [leftpad, seqused_k) of the cache row.
         if (params.leftpad_k != nullptr) {
-            const int pad = min(max(leftpad, 0), info.seqlen_k);
-            info.seqlen_k -= pad;
+            const int pad = min(max(loads.leftpad, 0), seqlen_k);
+            seqlen_k -= pad;
             if (params.block_table != nullptr) {
-                info.k_pos0 = pad;
+                k_pos0 = pad;
             } else {
-                info.k_offset += static_cast<int64_t>(pad) * params.k_row_stride;
-                info.v_offset += static_cast<int64_t>(pad) * params.v_row_stride;
+                k_offset += static_cast<int64_t>(pad) * params.k_row_stride;
+                v_offset += static_cast<int64_t>(pad) * params.v_row_stride;
             }
         }
-        return info;
     }
 };
 
@@ -181,8 +203,8 @@ __device__ __forceinline__ BlockCoords block_coords(const FwdParams& params) {
     BlockCoords c;
     if constexpr (Traits::kSplitKV) {
         c.head = blockIdx.x;
-        c.num_m_blocks = gridDim.z / params.num_splits;
-        c.split = params.num_splits > 1 ? static_cast<int>(blockIdx.z) / c.num_m_blocks : 0;
+        c.num_m_blocks = params.num_m_blocks_div.value();  // gridDim.z / num_splits
+        c.split = params.num_splits > 1 ? params.num_m_blocks_div.div(blockIdx.z) : 0;
         c.m_index = blockIdx.z - c.split * c.num_m_blocks;
     } else {
         c.head = blockIdx.z;
@@ -193,6 +215,27 @@ __device__ __forceinline__ BlockCoords block_coords(const FwdParams& params) {
     return c;
 }
 
+// Host: the kernel's grid on tile Traits (see block_coords) and the divisors its index math
+// takes from the params (FwdParams::*_div). Every launch of the kernel goes through it.
+template <typename Traits>
+inline dim3 prepare_fwd_grid(FwdParams& params) {
+    // In-kernel GQA packing (decode tile): one CTA column per KV head, gqa_pack rows per query.
+    const bool packed = Traits::kPackGQA && params.gqa_pack > 1;
+    const int64_t rows = static_cast<int64_t>(params.seqlen_q) * (packed ? params.gqa_pack : 1);
+    const int num_m_blocks = static_cast<int>((rows + Traits::kBlockM - 1) / Traits::kBlockM);
+    const int grid_heads = packed ? params.h / params.gqa_pack : params.h;
+    params.num_m_blocks_div = FastDivisor::make(num_m_blocks);
+    params.num_splits_div = FastDivisor::make(params.num_splits);
+    params.gqa_pack_div = FastDivisor::make(packed ? params.gqa_pack : 1);
+    params.h_h_k_ratio_div = FastDivisor::make(params.h_h_k_ratio);
+    params.head_group_rows_div = FastDivisor::make(params.head_group > 1 ? params.head_group_rows : 1);
+    // The decode tile: heads along x, splits x m blocks along z (split-major); the 128-row
+    // tile: m blocks along x, heads along z.
+    return Traits::kSplitKV ? dim3(grid_heads, params.b,
+                                   static_cast<unsigned>(num_m_blocks * params.num_splits))
+                            : dim3(num_m_blocks, params.b, params.h);
+}
+
 __device__ __forceinline__ int64_t partial_row(const FwdParams& params, int split, int batch,
                                                int head, int row) {
     return ((static_cast<int64_t>(split) * params.b + batch) * params.h + head) *
@@ -201,13 +244,15 @@ __device__ __forceinline__ int64_t partial_row(const FwdParams& params, int spli
 
 // GQA packing in the kernel (params.gqa_pack = G > 1, decode tile only): tile row r (m0 + r in
 // the CTA's packed rows) is query position (m0 + r) / G of head kv_head * G + (m0 + r) % G.
+// group: params.gqa_pack_div.
 struct PackedRow {
     int pos;
     int head;
-    __device__ __forceinline__ static PackedRow make(int packed_row, int group, int kv_head) {
+    __device__ __forceinline__ static PackedRow make(int packed_row, const FastDivisor& group,
+                                                     int kv_head) {
         PackedRow p;
-        p.pos = packed_row / group;
-        p.head = kv_head * group + (packed_row - p.pos * group);
+        p.pos = group.div(packed_row);
+        p.head = kv_head * group.value() + (packed_row - p.pos * group.value());
         return p;
     }
 };
@@ -221,7 +266,7 @@ __device__ __forceinline__ void store_empty_partial(const FwdParams& params, int
     for (int row = tid; row < rows; row += Traits::kNThreads) {
         int64_t index;
         if (packed) {
-            const PackedRow pr = PackedRow::make(m0 + row, params.gqa_pack, head);
+            const PackedRow pr = PackedRow::make(m0 + row, params.gqa_pack_div, head);
             index = partial_row(params, split, batch, pr.head, pr.pos);
         } else {
             index = partial_row(params, split, batch, head, m0 + row);
@@ -237,7 +282,7 @@ template <typename Element, typename Traits>
 __device__ __forceinline__ void store_empty_packed(const FwdParams& params, int batch, int kv_head,
                                                    int m0, int rows, int tid) {
     for (int row = tid; row < rows; row += Traits::kNThreads) {
-        const PackedRow pr = PackedRow::make(m0 + row, params.gqa_pack, kv_head);
+        const PackedRow pr = PackedRow::make(m0 + row, params.gqa_pack_div, kv_head);
         Element* o = reinterpret_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride +
                      pr.pos * params.o_row_stride + pr.head * params.o_head_stride;
         for (int c = 0; c < params.d; c += 8) {
@@ -476,8 +521,8 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
     softmax.finalize(acc_o, lse, log2_scale);
     if (Traits::kPackGQA && params.gqa_pack > 1) {
         // GQA-packed tile (head = the KV head): each row to its own (position, head).
-        const int group = params.gqa_pack;
-        const int valid_rows = min(Traits::kBlockM, params.seqlen_q * group - m0);
+        const FastDivisor& group = params.gqa_pack_div;
+        const int valid_rows = min(Traits::kBlockM, params.seqlen_q * group.value() - m0);
         const bool split_kv = params.num_splits > 1;
         const int split = block_coords<Traits>(params).split;
 #pragma unroll
@@ -604,9 +649,11 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     const int lane = tid % 32;
     const int warp = tid / 32;
     const int batch = blockIdx.y;
-    // The sequence's lengths and offsets first (SequenceInfo::make: its loads head the
-    // prologue's critical path); the grid-coordinate divisions below run while they are in flight.
-    const SequenceInfo seq = SequenceInfo::make(params, batch);
+    // The per-sequence loads first (they head the prologue's critical path); the grid
+    // coordinates and, with fixed-length q, the Q copy run while they are in flight.
+    const SequenceLoads seq_loads = SequenceLoads::issue(params, batch);
+    SequenceInfo seq;
+    seq.set_query_rows(params, batch, seq_loads);
     // Grid coordinates (block_coords: the decode tile orders heads first and has the splits).
     const BlockCoords coords = block_coords<Traits>(params);
     const int split = coords.split;
@@ -629,17 +676,40 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     {
         // GQA packed in the kernel (decode tile): G rows per query position (PackedRow).
         const bool packed = Traits::kPackGQA && params.gqa_pack > 1;
-        const int group = packed ? params.gqa_pack : 1;
-        const int tile_rows = seq.seqlen_q * group;  // rows of this (batch, head) problem
+        const FastDivisor& group = params.gqa_pack_div;  // 1 when not packed
+        const int tile_rows = seq.seqlen_q * group.value();  // rows of this (batch, head) problem
         if (m0 >= tile_rows) return;  // varlen: this sequence is shorter than the grid
         const int valid_q_rows = min(kBlockM, tile_rows - m0);
         if constexpr (Traits::kSkipIdleWarps) {
             warp_computes = warp * Traits::kWarpRows < valid_q_rows;
         }
+        // ---- Q tile load (64-bit element offsets; the compute threads). Issued before the
+        // key range: with fixed-length q its rows depend on no loaded value, so its copy
+        // overlaps the round trip of the per-sequence key counts (cache_seqlens) that the key
+        // range and the first K/V copies wait for. It joins the first K copy's group.
+        const Element* q_seq = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset;
+        if (kWarpSpecialized && tid >= Traits::kNThreads) {
+            // a producer thread: no part in the Q tile
+        } else if (packed) {  // head = the KV head; rows gathered per (position, head)
+            QCopy::load_async_gather(
+                smem_q,
+                [&](int r) {
+                    const PackedRow pr = PackedRow::make(m0 + r, group, head);
+                    return q_seq + static_cast<int64_t>(pr.pos) * params.q_row_stride +
+                           static_cast<int64_t>(pr.head) * params.q_head_stride;
+                },
+                valid_q_rows, params.d, tid);
+        } else {
+            const Element* q_tile = q_seq + head * params.q_head_stride + m0 * params.q_row_stride;
+            QCopy::load_async(smem_q, q_tile, params.q_row_stride, valid_q_rows, params.d, tid);
+        }
+
+        // The key count and offsets (from here on the loads are waited for).
+        seq.set_keys(params, seq_loads);
         // Keys, or with head groups (key, KV head) columns: the key loop's unit.
         seqlen_k = Traits::kHeadGroups ? seq.seqlen_k * params.head_group : seq.seqlen_k;
         // Query position of tile row m0 + r (r may be past the valid rows).
-        auto position = [&](int packed_row) { return packed ? packed_row / group : packed_row; };
+        auto position = [&](int packed_row) { return packed ? group.div(packed_row) : packed_row; };
 
         // ---- Mask geometry. The host normalised the window once, with seqlen_k (varlen: the
         // max, KV cache: the capacity); each sequence applies it as is with its own lengths
@@ -658,8 +728,8 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
         // Split-KV: this split's share of those blocks (possibly none).
         if (Traits::kSplitKV && params.num_splits > 1 && n_block_max > n_block_min) {
-            const int per_split =
-                (n_block_max - n_block_min + params.num_splits - 1) / params.num_splits;
+            const int per_split = params.num_splits_div.div(n_block_max - n_block_min +
+                                                            params.num_splits - 1);
             n_block_min += split * per_split;
             n_block_max = min(n_block_max, n_block_min + per_split);
         }
@@ -683,6 +753,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         // partial O = 0, lse = -inf, which the combine weighs 0).
         if (n_block_max <= n_block_min) {
             if (kWarpSpecialized && tid >= Traits::kNThreads) return;  // a producer: no copies
+            ptx::cp_async_wait<0>();  // the Q copy lands before the CTA leaves
             if (Traits::kSplitKV && params.num_splits > 1) {
                 store_empty_partial<Traits>(params, split, batch, head, m0, valid_q_rows, packed,
                                             tid);
@@ -701,24 +772,8 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
             return;
         }
 
-        // ---- Q tile load (64-bit element offsets; the compute threads), K/V sources.
-        const Element* q_seq = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset;
-        if (kWarpSpecialized && tid >= Traits::kNThreads) {
-            // a producer thread: no part in the Q tile
-        } else if (packed) {  // head = the KV head; rows gathered per (position, head)
-            QCopy::load_async_gather(
-                smem_q,
-                [&](int r) {
-                    const PackedRow pr = PackedRow::make(m0 + r, group, head);
-                    return q_seq + static_cast<int64_t>(pr.pos) * params.q_row_stride +
-                           static_cast<int64_t>(pr.head) * params.q_head_stride;
-                },
-                valid_q_rows, params.d, tid);
-        } else {
-            const Element* q_tile = q_seq + head * params.q_head_stride + m0 * params.q_row_stride;
-            QCopy::load_async(smem_q, q_tile, params.q_row_stride, valid_q_rows, params.d, tid);
-        }
-        const int kv_head = packed ? head : head / params.h_h_k_ratio;
+        // ---- K/V sources.
+        const int kv_head = packed ? head : params.h_h_k_ratio_div.div(head);
         kv.k_seq = reinterpret_cast<const Element*>(params.k_ptr) + seq.k_offset +
                    kv_head * params.k_head_stride;
         kv.v_seq = reinterpret_cast<const Element*>(params.v_ptr) + seq.v_offset +
@@ -845,8 +900,8 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     // lane / 4 and 8 more; one m block: m0 = 0), for the head mask of every block.
     [[maybe_unused]] int row_head[kMTiles][2];
     if constexpr (Traits::kHeadGroups) {
-        row_head[0][0] = (warp_row0 + lane / 4) / params.head_group_rows;
-        row_head[0][1] = (warp_row0 + lane / 4 + 8) / params.head_group_rows;
+        row_head[0][0] = params.head_group_rows_div.div(warp_row0 + lane / 4);
+        row_head[0][1] = params.head_group_rows_div.div(warp_row0 + lane / 4 + 8);
     }
 
     // Decode tile (Traits::kSkipIdleWarps): a warp whose rows all lie past the tile's valid rows
@@ -938,7 +993,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
                 for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
                     for (int half = 0; half < 2; ++half) {
-                        pos[mt][half] = (frag_row0 + 16 * mt + 8 * half) / params.gqa_pack;
+                        pos[mt][half] = params.gqa_pack_div.div(frag_row0 + 16 * mt + 8 * half);
                     }
                 }
                 apply_mask_positions(acc_s, cta.key_range, pos, frag_col0);

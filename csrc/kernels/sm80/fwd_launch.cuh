@@ -39,22 +39,14 @@ void launch_fwd_kernel(FwdParams& params, cudaStream_t stream) {
     if (KernelTraits::kHeadGroups != (params.head_group > 1)) {
         throw std::runtime_error("flash_cuda: head groups need the head-group tile and it them");
     }
-    // In-kernel GQA packing (decode tile): one CTA column per KV head, g rows per query.
-    const bool packed = KernelTraits::kPackGQA && params.gqa_pack > 1;
-    const int64_t rows = static_cast<int64_t>(params.seqlen_q) * (packed ? params.gqa_pack : 1);
-    const int num_m_blocks =
-        static_cast<int>((rows + KernelTraits::kBlockM - 1) / KernelTraits::kBlockM);
-    const int grid_heads = packed ? params.h / params.gqa_pack : params.h;
-    // fwd.cuh block_coords: the decode tile runs heads along x and splits x m blocks
-    // along z (split-major), the 128-row tile m blocks along x and heads along z.
-    const int64_t m_split_blocks = static_cast<int64_t>(num_m_blocks) * params.num_splits;
+    // The grid (fwd.cuh block_coords) and the divisors of the kernel's index math.
+    const dim3 grid = prepare_fwd_grid<KernelTraits>(params);
+    const int64_t m_split_blocks =
+        static_cast<int64_t>(params.num_m_blocks_div.value()) * params.num_splits;
     if (KernelTraits::kSplitKV && m_split_blocks > 65535) {
         throw std::runtime_error("flash_cuda: decode tile supports at most 65535 query "
                                  "blocks x splits, got " + std::to_string(m_split_blocks));
     }
-    const dim3 grid = KernelTraits::kSplitKV
-                          ? dim3(grid_heads, params.b, static_cast<unsigned>(m_split_blocks))
-                          : dim3(num_m_blocks, params.b, params.h);
     // After a KV-cache append: programmatic dependent launch (the decode tile waits, fwd.cuh).
     launch_kernel<FwdParams>(kernel, grid, dim3(KernelTraits::kLaunchThreads), kSmemBytes, stream,
                              KernelTraits::kSplitKV && params.launch_pdl, params);
