@@ -33,7 +33,8 @@ struct FastDivisor {
         FastDivisor f;
         f.divisor = static_cast<uint32_t>(dd);
         f.shift = s;
-        f.multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - dd)) / dd + 1);
+        f.multiplier =
+            static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - dd)) / dd + 1);
         return f;
     }
 

@@ -228,7 +228,8 @@ inline dim3 prepare_fwd_grid(FwdParams& params) {
     params.num_splits_div = FastDivisor::make(params.num_splits);
     params.gqa_pack_div = FastDivisor::make(packed ? params.gqa_pack : 1);
     params.h_h_k_ratio_div = FastDivisor::make(params.h_h_k_ratio);
-    params.head_group_rows_div = FastDivisor::make(params.head_group > 1 ? params.head_group_rows : 1);
+    params.head_group_rows_div =
+        FastDivisor::make(params.head_group > 1 ? params.head_group_rows : 1);
     // The decode tile: heads along x, splits x m blocks along z (split-major); the 128-row
     // tile: m blocks along x, heads along z.
     return Traits::kSplitKV ? dim3(grid_heads, params.b,
