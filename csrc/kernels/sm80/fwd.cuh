@@ -687,7 +687,8 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         // ---- Q tile load (64-bit element offsets; the compute threads). Issued before the
         // key range: with fixed-length q its rows depend on no loaded value, so its copy
         // overlaps the round trip of the per-sequence key counts (cache_seqlens) that the key
-        // range and the first K/V copies wait for. It joins the first K copy's group.
+        // range and the first K/V copies wait for. It is committed with the first K copy (the
+        // warp-specialised tile: in a group of its own).
         const Element* q_seq = reinterpret_cast<const Element*>(params.q_ptr) + seq.q_offset;
         if (kWarpSpecialized && tid >= Traits::kNThreads) {
             // a producer thread: no part in the Q tile
