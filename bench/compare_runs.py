@@ -2,7 +2,7 @@
 in its own process of the same device call, with cuDNN in every process), case by case.
 
     python3 bench/compare_runs.py main=a/bench.json branch=b/bench.json [--impl flash_cuda]
-        [--section decode_grid] [--peer cudnn]
+        [--section decode_grid] [--peer cudnn] [--threshold 1.0]
 
 For every case all files have, prints each variant's figure of `--impl` (TB/s for decode, TFLOP/s
 for prefill: graph-replay timing where there is one), its ratio to the same process's `--peer`,
@@ -11,6 +11,8 @@ reach 1.0x / 0.97x of the peer. Ratios to the first variant are what an A/B meas
 ratios to the peer show how much the machine moved between processes. With repeats of one
 variant (the same build in several processes), the line "median over the runs" gives each
 case's median ratio to the peer: the cases below it in most processes, not in one.
+`--threshold` is the ratio the counts are made against (1.0: as fast as the peer); e.g. paged
+within 10% of contiguous: `--impl flash_cuda_p16 --peer flash_cuda --threshold 0.9`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def geomean(values: list[float]) -> float:
 
 
 def compare(runs: dict[str, report.Table], impl: str, peer: str,
-            section: str | None = None) -> list[str]:
+            section: str | None = None, threshold: float = 1.0) -> list[str]:
     names = list(runs)
     first = runs[names[0]]
     # (section, case_id, mode) of the first run's `impl` rows that every run has a figure for.
@@ -71,17 +73,17 @@ def compare(runs: dict[str, report.Table], impl: str, peer: str,
     lines = report.md_table(header, body) + [""]
     for n in names:
         r = to_peer[n]
-        lines.append(f"{n}: {impl}/{peer} geometric mean {geomean(r):.4f}, >= 1.0 on "
-                     f"{sum(x >= 1.0 for x in r)} of {len(r)}, >= 0.97 on "
-                     f"{sum(x >= 0.97 for x in r)}")
+        lines.append(f"{n}: {impl}/{peer} geometric mean {geomean(r):.4f}, >= {threshold} on "
+                     f"{sum(x >= threshold for x in r)} of {len(r)}, >= {0.97 * threshold:.3g} "
+                     f"on {sum(x >= 0.97 * threshold for x in r)}")
     if len(names) > 1:
         # Repeats of one variant (separate processes): the median ratio of each case, so that a
         # case is called below the peer only when most runs put it there.
         medians = [(case, statistics.median(r), r) for case, r in per_case if r]
         below = [f"{case} {m:.3f} ({min(r):.3f}-{max(r):.3f})" for case, m, r in medians
-                 if m < 1.0]
-        lines.append(f"median over the runs: {impl}/{peer} >= 1.0 on "
-                     f"{sum(m >= 1.0 for _, m, _ in medians)} of {len(medians)}"
+                 if m < threshold]
+        lines.append(f"median over the runs: {impl}/{peer} >= {threshold} on "
+                     f"{sum(m >= threshold for _, m, _ in medians)} of {len(medians)}"
                      + (f"; below: {'; '.join(below)}" if below else ""))
     for n in names[1:]:
         r = to_first[n]
@@ -97,6 +99,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--impl", default="flash_cuda", help="implementation compared")
     parser.add_argument("--peer", default="cudnn", help="same-process reference of each run")
     parser.add_argument("--section", default=None, help="only rows of this section")
+    parser.add_argument("--threshold", type=float, default=1.0,
+                        help="the ratio to the peer the counts are made against (default 1.0)")
     args = parser.parse_args(argv)
     runs = {}
     for spec in args.runs:
@@ -104,7 +108,7 @@ def main(argv: list[str]) -> int:
         if not sep:
             parser.error(f"expected NAME=path, got {spec!r}")
         runs[name] = load(path)
-    print("\n".join(compare(runs, args.impl, args.peer, args.section)))
+    print("\n".join(compare(runs, args.impl, args.peer, args.section, args.threshold)))
     return 0
 
 
