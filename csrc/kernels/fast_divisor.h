@@ -2,7 +2,7 @@
 // add and a shift. nvcc emits a run-time integer division as an I2F / MUFU.RCP / F2I / IMAD
 // chain of about 25 instructions and some 100 cycles of latency; the decode prologue had eight
 // of them ahead of its first copy (bench/NOTES.md session 25). The host makes the constants
-// once per launch (sm80/fwd_launch.cuh); host code and tests use the same arithmetic.
+// once per launch (sm80/fwd.cuh prepare_fwd_grid); host code and tests use the same arithmetic.
 #pragma once
 
 #include <cstdint>

@@ -232,8 +232,9 @@ inline dim3 prepare_fwd_grid(FwdParams& params) {
         FastDivisor::make(params.head_group > 1 ? params.head_group_rows : 1);
     // The decode tile: heads along x, splits x m blocks along z (split-major); the 128-row
     // tile: m blocks along x, heads along z.
-    return Traits::kSplitKV ? dim3(grid_heads, params.b,
-                                   static_cast<unsigned>(num_m_blocks * params.num_splits))
+    // (Over 65535 along z the launcher refuses the call; the product is formed in 64 bits.)
+    const int64_t m_split_blocks = static_cast<int64_t>(num_m_blocks) * params.num_splits;
+    return Traits::kSplitKV ? dim3(grid_heads, params.b, static_cast<unsigned>(m_split_blocks))
                             : dim3(num_m_blocks, params.b, params.h);
 }
 
