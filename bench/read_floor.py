@@ -5,8 +5,8 @@ A kernel that only reads a decode step's K and V caches, once, timed the same wa
 says which of issue 5's bandwidth targets a cell can reach at all. With nothing to read it is
 the floor of one launch (`launch_floor_us` in the run's ceilings).
 
-Built on first use with torch's nvcc (cpp_extension.CUDA_HOME) into a shared library in a build folder the
-bench names (under the temp folder), called through ctypes on torch's current stream.
+Built on first use with torch's nvcc (cpp_extension.CUDA_HOME) into a shared library in a build
+folder the bench names (under the temp folder), called through ctypes on torch's current stream.
 """
 
 from __future__ import annotations

@@ -7,11 +7,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FLASH_CUDA_HOST_DEVICE __host__ __device__
-#else
-#define FLASH_CUDA_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace flash_cuda {
 
@@ -39,17 +35,12 @@ struct FastDivisor {
     }
 
     // n / divisor, for 0 <= n < 2^31.
-    FLASH_CUDA_HOST_DEVICE int div(int n) const {
+    FLASH_HOST_DEVICE int div(int n) const {
         const uint32_t un = static_cast<uint32_t>(n);
-#if defined(__CUDA_ARCH__)
-        const uint32_t hi = __umulhi(un, multiplier);
-#else
-        const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(un) * multiplier) >> 32);
-#endif
-        return static_cast<int>((hi + un) >> shift);
+        return static_cast<int>((mulhi_u32(un, multiplier) + un) >> shift);
     }
 
-    FLASH_CUDA_HOST_DEVICE int value() const { return static_cast<int>(divisor); }
+    FLASH_HOST_DEVICE int value() const { return static_cast<int>(divisor); }
 };
 
 }  // namespace flash_cuda

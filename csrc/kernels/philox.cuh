@@ -13,11 +13,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FLASH_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FLASH_HOST_DEVICE inline
-#endif
+#include "kernels/host_device.h"
 
 namespace flash_cuda {
 
@@ -26,14 +22,8 @@ struct Philox4 {
 };
 
 FLASH_HOST_DEVICE void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
-#if defined(__CUDA_ARCH__)
     lo = a * b;
-    hi = __umulhi(a, b);
-#else
-    const uint64_t p = static_cast<uint64_t>(a) * b;
-    lo = static_cast<uint32_t>(p);
-    hi = static_cast<uint32_t>(p >> 32);
-#endif
+    hi = mulhi_u32(a, b);
 }
 
 // Ten rounds of Philox4x32 on `counter` with the 64-bit `seed` as key.
