@@ -67,11 +67,13 @@ void print_plan(int d, int page, int seqlen_q, int h, int h_k, int b, int seqlen
     const int64_t tiles = decode::num_tiles(p);
     const int splits = decode::num_splits(0, tiles, decode::key_columns(p),
                                           decode::uses_decode_tile(p), geometry, num_sms);
+    p.num_splits = splits;
+    decode::plan_kv_overlap(p, num_sms);
     char tile[64];
     if (p.head_group > 1) {
         std::snprintf(tile, sizeof(tile), "%s-hg%d", tile_name(p), p.head_group);
     } else {
-        std::snprintf(tile, sizeof(tile), "%s", tile_name(p));
+        std::snprintf(tile, sizeof(tile), "%s%s", tile_name(p), p.kv_overlap ? "-overlap" : "");
     }
     std::printf("d%d %s q%d h%d/%d b%d kv%d: %s kb%d ctas/sm %d tiles %lld splits %d ctas %lld\n",
                 d, page > 0 ? "paged" : "contiguous", seqlen_q, h, h_k, b, seqlen_k,

@@ -165,6 +165,28 @@ def ring_decode_calls():
         del os.environ["FLASH_CUDA_DECODE_RING"]
 
 
+def overlap_decode_calls():
+    """Paged d128 steps on the 128-key tile with each block's V copy issued with its K copy
+    (FLASH_CUDA_DECODE_OVERLAP=1, the ring tiles off): 66 sequences of 1024 keys, GQA 4 in one
+    KV head, page 16, the split heuristic's count (4 on an H200), the lengths ragged."""
+    os.environ["FLASH_CUDA_DECODE_OVERLAP"] = "1"
+    os.environ["FLASH_CUDA_DECODE_RING"] = "0"
+    try:
+        b, cap, h, hk, d = 66, 1024, 4, 1, 128
+        k_dense, v_dense = rand(b, cap, hk, d), rand(b, cap, hk, d)
+        lengths = [cap - (i * 37) % 300 for i in range(b)]
+        kp, vp, table = paged(k_dense, v_dense, lengths, 16)
+        q = rand(b, 1, h, d)
+        for splits in (0, 1):
+            run(f"overlapped copies d{d} h{h}/{hk} b{b} splits {splits} page 16",
+                lambda: flash_cuda.flash_attn_with_kvcache(
+                    q, kp, vp, cache_seqlens=ints(lengths), block_table=table,
+                    num_splits=splits))
+    finally:
+        del os.environ["FLASH_CUDA_DECODE_OVERLAP"]
+        del os.environ["FLASH_CUDA_DECODE_RING"]
+
+
 def head_group_decode_calls():
     """The d128 decode and unchecked calls again with FLASH_CUDA_DECODE_HGROUP=16: every
     one-token step that can take head groups on the head-group tiles (kernels/decode.h
@@ -191,6 +213,7 @@ if __name__ == "__main__":
     decode_calls()
     unchecked_decode_calls()
     ring_decode_calls()
+    overlap_decode_calls()
     head_group_decode_calls()
     prefill_calls()
     print("ok")

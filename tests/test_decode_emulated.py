@@ -243,14 +243,17 @@ def test_contiguous_keysplit_same_bits(case, monkeypatch):
 # tile on the cases that would take the 128-key one (FLASH_CUDA_DECODE_KV128=0); "ring": the
 # warp-specialised ring tiles of an sm_90 GPU (kernels/sm80/kv_ring.cuh, d128;
 # FLASH_CUDA_DECODE_RING=1), whose producer warps' copies land in shared memory only when the
-# ring's full barrier completes.
+# ring's full barrier completes; "keysplit-overlap": "keysplit" with the paged 128-key tile's
+# V copies issued with the K copies (FwdParams::kv_overlap, FLASH_CUDA_DECODE_OVERLAP=1;
+# "keysplit" has it off, the others follow decode.h plan_kv_overlap).
 @pytest.mark.parametrize("tile", ("decode64", "keysplit", "keysplit-132sms", "keysplit-kv64",
-                                  "ring"))
+                                  "ring", "keysplit-overlap"))
 @pytest.mark.parametrize("case", CASES + KEYSPLIT_CASES, ids=lambda c: c[0])
 def test_decode_emulated(case, tile, monkeypatch):
     keysplit = tile != "decode64"
     ring = True if tile == "ring" else None
-    num_sms = 1 if tile in ("keysplit", "keysplit-kv64") else 132
+    num_sms = 1 if tile in ("keysplit", "keysplit-kv64", "keysplit-overlap") else 132
+    overlap = tile == "keysplit-overlap"
     d128 = kernel_head_dim(case[2] + (-case[2]) % 8) == 128
     if keysplit and not keysplit_qualifies(case):
         pytest.skip("the key-split tile does not take this case (more than 32 rows or head dim)")
@@ -260,6 +263,12 @@ def test_decode_emulated(case, tile, monkeypatch):
         pytest.skip("only d128 has the ring tiles")
     if tile == "keysplit-kv64" and not wide_qualifies(case, num_sms):
         pytest.skip("the 128-key tile does not take this case either")
+    if overlap and (case[8] is None or not wide_qualifies(case, num_sms)):
+        pytest.skip("the overlapped copies are for paged calls on the 128-key tile")
+    if tile == "keysplit":
+        monkeypatch.setenv("FLASH_CUDA_DECODE_OVERLAP", "0")
+    elif overlap:
+        monkeypatch.setenv("FLASH_CUDA_DECODE_OVERLAP", "1")
     monkeypatch.setenv("FLASH_CUDA_DECODE_KV128", "0" if tile == "keysplit-kv64" else "1")
     # The tiles without head groups (test_head_groups_emulated has those).
     monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")
@@ -291,8 +300,11 @@ def test_decode_emulated(case, tile, monkeypatch):
         keysplit=keysplit, kvcache_op=True, num_sms=num_sms, ring=ring, **opts)
     assert ("key-split decode tile" in driver.LAST_STDOUT) == keysplit
     assert (", ring" in driver.LAST_STDOUT) == bool(ring), driver.LAST_STDOUT
-    wide = tile in ("keysplit", "keysplit-132sms") and wide_qualifies(case, num_sms)
+    wide = (tile in ("keysplit", "keysplit-132sms", "keysplit-overlap")
+            and wide_qualifies(case, num_sms))
     assert ("128-key blocks" in driver.LAST_STDOUT) == wide, driver.LAST_STDOUT
+    if tile != "keysplit-132sms":
+        assert ("K and V copies overlapped" in driver.LAST_STDOUT) == overlap, driver.LAST_STDOUT
     contiguous = keysplit and is_contiguous_plain(case)
     assert ("no paged path" in driver.LAST_STDOUT) == contiguous, driver.LAST_STDOUT
     for i in range(b):

@@ -165,6 +165,7 @@ def run_case(case, dtype, hk=None):
         finite = torch.isfinite(ref_lse)
         if finite.any():
             assert (lse[i:i + 1][finite] - ref_lse[finite]).abs().max().item() < 1e-2
+    return out, lse
 
 
 @needs_cuda
@@ -246,11 +247,12 @@ def check_keysplit_kernel(case, dtype, *, block_n, rows, ring=False, groups=Fals
     if kernel_dim not in built_head_dims():
         pytest.skip(f"head dim {kernel_dim} not built (FLASH_CUDA_HEADDIMS)")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_case(case, dtype, hk=hk)
+        result = run_case(case, dtype, hk=hk)
         torch.cuda.synchronize()
     runs = keysplit_runs(prof)
     assert runs == {(block_n, rows // 16, expects_paged_kernel(case), ring, groups)}, \
         f"key-split runs: {runs}"
+    return result
 
 
 @needs_cuda
@@ -268,6 +270,30 @@ def test_kvcache_128key_tile(case, rows, monkeypatch):
     monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "0")
     dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
     check_keysplit_kernel(case, dtype, block_n=128, rows=rows)
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.is_available() and
+                    torch.cuda.get_device_properties(0).multi_processor_count > 135,
+                    reason="the 32-row steps (136 tiles, one split) need more tiles than SMs")
+@pytest.mark.parametrize("case,rows", [c for c in WIDE_TILE_CASES if c[0][5].startswith("paged")],
+                         ids=lambda c: case_id(c) if isinstance(c, tuple) else f"rows{c}")
+def test_kvcache_128key_overlap(case, rows, monkeypatch):
+    """Paged steps on the 128-key tile with each block's V copy issued with its K copy
+    (FwdParams::kv_overlap, forced by FLASH_CUDA_DECODE_OVERLAP=1; tests/test_decode_emulated.py
+    checks that the emulated kernel takes that path): checked like the grid, that tile's kernel
+    ran, and out and lse equal those of the same step without the overlap (=0) bit for bit (the
+    copies move, the math does not)."""
+    monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")
+    monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "0")
+    dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
+    results = []
+    for overlap in ("1", "0"):
+        monkeypatch.setenv("FLASH_CUDA_DECODE_OVERLAP", overlap)
+        torch.manual_seed(0)  # the same inputs twice (Cache draws v from the global generator)
+        results.append(check_keysplit_kernel(case, dtype, block_n=128, rows=rows))
+    (out_1, lse_1), (out_0, lse_0) = results
+    assert torch.equal(out_1, out_0) and torch.equal(lse_1, lse_0)
 
 
 # 64-key key-split steps (short caches of few heads: decode.h plan_key_blocks keeps them off the

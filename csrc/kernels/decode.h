@@ -500,6 +500,40 @@ inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
     p.wide_key_blocks = false;
 }
 
+// Paged calls on the 128-key tile: the V copy of each block issued with its K copy (FwdParams::
+// kv_overlap; sm80/fwd.cuh) where pages are small (the copies carry a page lookup every 16 keys)
+// and the step is long per CTA or runs several waves. Run 139 (one token, d128, the overlap on
+// every paged 128-key call, two processes against main) and run 140 (this rule, two more):
+//   - page 16: 1.2-2.0% faster on the GQA / MHA steps with >= 64 key blocks per CTA (GQA b8
+//     kv32k / kv131k, b32 kv8k-kv131k, b128 kv8k / kv32k, MHA b8 kv131k) and 2.1-3.2% on those
+//     of more CTAs than one wave (GQA b128 kv1k, MHA b32 / b128 kv1k at 1024-4096 CTAs), but
+//     0.5-1.9% slower on single-wave steps of 8-32 blocks per CTA (GQA b1 kv32k, b32 kv1k, MHA
+//     b1 kv8k, b8 kv1k), which the rule leaves out;
+//   - page 256 (one page per block, a copy as cheap as a contiguous one): 0.5-1.6% slower on the
+//     long single-wave steps (run 140), as the contiguous twins were (0.5-1.7%, run 139), so
+//     those twins do not have it and pages over kOverlapMaxPage keys do not take it (pages of
+//     17-128 keys were not measured).
+// 16-row tiles only (the 32-row one, MQA and several query tokens, was not measured with it).
+// FLASH_CUDA_DECODE_OVERLAP in the environment (read per call): 0 never, 1 on every paged 128-key
+// call (tests, A/B runs), unset: the rule.
+constexpr int kOverlapMinBlocks = 64;
+constexpr int kOverlapMaxPage = 16;
+inline void plan_kv_overlap(FwdParams& p, int num_sms) {
+    p.kv_overlap = false;
+    if (p.block_table == nullptr || !p.wide_key_blocks || p.kv_ring) return;
+    const char* env = std::getenv("FLASH_CUDA_DECODE_OVERLAP");
+    if (env != nullptr && env[0] != '\0') {
+        p.kv_overlap = !(env[0] == '0' && env[1] == '\0');
+        return;
+    }
+    if (keysplit_rows(p) > 16 || p.page_block_size > kOverlapMaxPage) return;
+    const int splits = std::max(p.num_splits, 1);
+    const int64_t ctas = num_tiles(p) * splits;
+    const int blocks_per_cta = key_blocks(key_columns(p), kWideKeyBlock) / splits;
+    p.kv_overlap = blocks_per_cta >= kOverlapMinBlocks ||
+                   ctas > static_cast<int64_t>(num_sms) * kWideCtasPerSm;
+}
+
 // The kvcache op's packing (before plan_decode_tile and num_splits): head groups where the rule
 // takes them, else GQA packing (plan_gqa_packing). The rule takes the largest possible G whose
 // own plan (plan_decode_tile and the split heuristic)
