@@ -856,7 +856,7 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
                                            decode::key_columns(params),
                                            decode::uses_decode_tile(params),
                                            decode::split_geometry(params), num_sms);
-    decode::plan_kv_overlap(params, num_sms);  // paged 128-key calls: V copies with K's
+    decode::plan_kv_overlap(params, num_sms, ring_device);  // paged 128-key: V copies with K's
     // Split-KV workspaces: sizes from shapes only (CUDA-graph capturable).
     at::Tensor out_accum, lse_accum;
     if (params.num_splits > 1) {

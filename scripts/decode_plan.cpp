@@ -10,7 +10,8 @@
 // older one. The A/B switches of decode.h (FLASH_CUDA_DECODE_KEYSPLIT, FLASH_CUDA_DECODE_KV128,
 // FLASH_CUDA_DECODE_RING, ...) apply as in the library.
 // One line per cell: "d128 contiguous q1 h32/8 b1 kv1024: keysplit16 kb64 ctas/sm 1 tiles 8
-// splits 8 ctas 64". tests/test_decode_plan.py pins the plans the benchmarks measured.
+// splits 8 ctas 64"; "paged" is a cache of 16-key pages (issue 5's), "paged64" of 64-key ones.
+// tests/test_decode_plan.py pins the plans the benchmarks measured.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -29,6 +30,7 @@ const char* tile_name(const FwdParams& p) {
     switch (decode::decode_tile(p)) {
         case decode::DecodeTile::kKeySplit16: return "keysplit16";
         case decode::DecodeTile::kKeySplit16Wide: return "keysplit16-kv128";
+        case decode::DecodeTile::kKeySplit16WideOverlap: return "keysplit16-kv128-overlap";
         case decode::DecodeTile::kKeySplit32: return "keysplit32";
         case decode::DecodeTile::kKeySplit32Wide: return "keysplit32-kv128";
         case decode::DecodeTile::kRing16: return "ring16";
@@ -60,7 +62,10 @@ void print_plan(int d, int page, int seqlen_q, int h, int h_k, int b, int seqlen
     p.k_head_stride = d;
     p.v_head_stride = d;
     static int fake_table;  // only its presence matters to the plan
-    if (page > 0) p.block_table = &fake_table;
+    if (page > 0) {
+        p.block_table = &fake_table;
+        p.page_block_size = page;
+    }
     decode::plan_packing(p, num_sms, ring_device);
     decode::plan_decode_tile(p, num_sms, ring_device);
     const decode::SplitGeometry geometry = decode::split_geometry(p);
@@ -68,16 +73,16 @@ void print_plan(int d, int page, int seqlen_q, int h, int h_k, int b, int seqlen
     const int splits = decode::num_splits(0, tiles, decode::key_columns(p),
                                           decode::uses_decode_tile(p), geometry, num_sms);
     p.num_splits = splits;
-    decode::plan_kv_overlap(p, num_sms);
+    decode::plan_kv_overlap(p, num_sms, ring_device);
     char tile[64];
     if (p.head_group > 1) {
         std::snprintf(tile, sizeof(tile), "%s-hg%d", tile_name(p), p.head_group);
     } else {
-        std::snprintf(tile, sizeof(tile), "%s%s", tile_name(p), p.kv_overlap ? "-overlap" : "");
+        std::snprintf(tile, sizeof(tile), "%s", tile_name(p));
     }
     std::printf("d%d %s q%d h%d/%d b%d kv%d: %s kb%d ctas/sm %d tiles %lld splits %d ctas %lld\n",
-                d, page > 0 ? "paged" : "contiguous", seqlen_q, h, h_k, b, seqlen_k,
-                tile, geometry.key_block, geometry.ctas_per_sm,
+                d, page == 0 ? "contiguous" : page == 16 ? "paged" : "paged64", seqlen_q, h, h_k,
+                b, seqlen_k, tile, geometry.key_block, geometry.ctas_per_sm,
                 static_cast<long long>(tiles), splits, static_cast<long long>(tiles * splits));
 }
 
@@ -88,7 +93,7 @@ int main(int argc, char** argv) {
     const bool ring_device = argc > 2 && std::strcmp(argv[2], "sm90") == 0;
     constexpr double kMaxBytes = 40e9;  // bench_plan.py DECODE_GRID_MAX_GB: larger cells skipped
     for (int d : {64, 96, 128, 256}) {
-        for (int page : {0, 16}) {
+        for (int page : {0, 16, 64}) {
             for (int seqlen_q : {1, 4, 8}) {
                 for (int h_k : {8, 32, 1}) {
                     for (int b : {1, 8, 32, 128}) {

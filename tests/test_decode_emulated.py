@@ -178,6 +178,13 @@ def head_group_of(case, cap=16):
     return group
 
 
+def tile_rows(case):
+    """Rows of a key-split case's tile: the query rows, times h / hk where GQA is packed."""
+    _, _, _, _, h, hk, sq, _, _, _, extra = case
+    packed = extra.get("pack_gqa") and h > hk and not extra.get("alibi")
+    return sq * (h // hk if packed else 1)
+
+
 def wide_qualifies(case, num_sms, group=1):
     """Whether a key-split case runs the 128-key tile (kernels/decode.h plan_key_blocks): kernel
     head dim 128, tiles x its most splits >= 2 CTAs per SM, 32-row tiles only where tiles >= SMs,
@@ -190,7 +197,7 @@ def wide_qualifies(case, num_sms, group=1):
     seqlen_k = (capacity if page is None else capacity // page * page) * group
     most_splits = min(128, max(1, -(-seqlen_k // 128) // 2))
     tiles = b * (hk if packed else h) // group
-    rows = sq * (h // hk if packed else 1) * group
+    rows = tile_rows(case) * group
     if tiles * most_splits < 2 * num_sms or (rows > 16 and tiles < num_sms):
         return False
     return tiles * heuristic_splits(tiles, seqlen_k, 128, 2, num_sms) > num_sms
@@ -243,9 +250,10 @@ def test_contiguous_keysplit_same_bits(case, monkeypatch):
 # tile on the cases that would take the 128-key one (FLASH_CUDA_DECODE_KV128=0); "ring": the
 # warp-specialised ring tiles of an sm_90 GPU (kernels/sm80/kv_ring.cuh, d128;
 # FLASH_CUDA_DECODE_RING=1), whose producer warps' copies land in shared memory only when the
-# ring's full barrier completes; "keysplit-overlap": "keysplit" with the paged 128-key tile's
-# V copies issued with the K copies (FwdParams::kv_overlap, FLASH_CUDA_DECODE_OVERLAP=1;
-# "keysplit" has it off, the others follow decode.h plan_kv_overlap).
+# ring's full barrier completes; "keysplit-overlap": "keysplit" with the paged 16-row 128-key
+# tile's twin that issues each block's V copy with its K copy (FwdParams::kv_overlap,
+# FLASH_CUDA_DECODE_OVERLAP=1; "keysplit" has it off, the others follow decode.h
+# plan_kv_overlap).
 @pytest.mark.parametrize("tile", ("decode64", "keysplit", "keysplit-132sms", "keysplit-kv64",
                                   "ring", "keysplit-overlap"))
 @pytest.mark.parametrize("case", CASES + KEYSPLIT_CASES, ids=lambda c: c[0])
@@ -263,8 +271,8 @@ def test_decode_emulated(case, tile, monkeypatch):
         pytest.skip("only d128 has the ring tiles")
     if tile == "keysplit-kv64" and not wide_qualifies(case, num_sms):
         pytest.skip("the 128-key tile does not take this case either")
-    if overlap and (case[8] is None or not wide_qualifies(case, num_sms)):
-        pytest.skip("the overlapped copies are for paged calls on the 128-key tile")
+    if overlap and (case[8] is None or not wide_qualifies(case, num_sms) or tile_rows(case) > 16):
+        pytest.skip("the overlapped copies are for paged calls on the 16-row 128-key tile")
     if tile == "keysplit":
         monkeypatch.setenv("FLASH_CUDA_DECODE_OVERLAP", "0")
     elif overlap:

@@ -50,6 +50,9 @@ PINNED = {
     "d128 paged q8 h32/1 b8 kv1024": "decode64 kb64 ctas/sm 2 tiles 32 splits 4 ctas 128",
     "d128 paged q1 h32/8 b1 kv8192": "keysplit16 kb64 ctas/sm 2 tiles 8 splits 32 ctas 256",
     "d128 paged q1 h32/32 b1 kv1024": "keysplit16 kb64 ctas/sm 2 tiles 32 splits 8 ctas 256",
+    # Session 26: the overlapped copies' twin (PINNED_SM90) is chosen on sm_90 GPUs only.
+    "d128 paged q1 h32/8 b128 kv1024":
+        "keysplit16-kv128 kb128 ctas/sm 2 tiles 1024 splits 1 ctas 1024",
     # Session 23 (runs 125-127): head groups (decode.h plan_packing) where the grouped step is
     # unsplit on a full wave (GQA b128 kv1k 1.029-1.035x, MHA b32 kv1k at G = 4 1.029-1.030x,
     # MHA b128 kv1k 1.017-1.018x of the plain tiles) or split on the 128-key tile with >= 96
@@ -95,6 +98,24 @@ PINNED_SM90 = {
     "d128 contiguous q1 h32/1 b1 kv131072":
         "keysplit32 kb64 ctas/sm 1 tiles 1 splits 128 ctas 128",
     "d128 contiguous q1 h32/8 b32 kv8192":
+        "keysplit16-kv128 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+    # Session 26 (runs 139-143): paged 16-row 128-key steps take the twin that issues each
+    # block's V copy with its K copy where the CTAs are long or come in several waves, at
+    # pages of <= 32 keys (page 16: GQA b32 kv131k 1.014-1.019x, b128 kv1k 1.018-1.026x), and
+    # at larger pages only the short CTAs in several waves (page 64: GQA b128 kv1k 1.016-1.020x;
+    # MHA b8 kv32k, long, 0.995-0.997x); single-wave steps of 8-32 blocks per CTA keep the
+    # plain order (page 16: GQA b32 kv1k 0.983-0.990x, b1 kv32k 0.981-0.991x with it).
+    "d128 paged q1 h32/8 b32 kv131072":
+        "keysplit16-kv128-overlap kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+    "d128 paged q1 h32/8 b128 kv1024":
+        "keysplit16-kv128-overlap kb128 ctas/sm 2 tiles 1024 splits 1 ctas 1024",
+    "d128 paged q1 h32/8 b32 kv1024":
+        "keysplit16-kv128 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
+    "d128 paged q1 h32/8 b1 kv32768":
+        "keysplit16-kv128 kb128 ctas/sm 2 tiles 8 splits 32 ctas 256",
+    "d128 paged64 q1 h32/8 b128 kv1024":
+        "keysplit16-kv128-overlap kb128 ctas/sm 2 tiles 1024 splits 1 ctas 1024",
+    "d128 paged64 q1 h32/32 b8 kv32768":
         "keysplit16-kv128 kb128 ctas/sm 2 tiles 256 splits 1 ctas 256",
 }
 

@@ -197,25 +197,26 @@ WIDE_TILE_CASES = [
     ((136, 1000, 1, 128, 32, "batch_idx", "softcap", 0), 32),
 ]
 # A key-split kernel's traits in its name (FwdKeySplitTraits<HeadDim, BlockN, Stages, RowSlices,
-# PagedKV, ProducerWarps, HeadGroups>), demangled or mangled: (block_n, row slices (1: 16 rows,
-# 2: 32), PagedKV as 0 / 1, producer warps (4: the warp-specialised ring tile, 0: the plain one),
-# HeadGroups as 0 / 1).
+# PagedKV, ProducerWarps, HeadGroups, OverlapKV>), demangled or mangled: (block_n, row slices (1:
+# 16 rows, 2: 32), PagedKV as 0 / 1, producer warps (4: the warp-specialised ring tile, 0: the
+# plain one), HeadGroups as 0 / 1, OverlapKV as 0 / 1).
 _KEYSPLIT_TILE = re.compile(
-    r"FwdKeySplitTraits<\d+, (\d+), \d, (\d), (true|false), (\d)(?:, (true|false))?>|"
-    r"FwdKeySplitTraitsILi\d+ELi(\d+)ELi\dELi(\d)ELb([01])ELi(\d)E(?:Lb([01])E)?")
+    r"FwdKeySplitTraits<\d+, (\d+), \d, (\d), (true|false), (\d)(?:, (true|false))?"
+    r"(?:, (true|false))?>|"
+    r"FwdKeySplitTraitsILi\d+ELi(\d+)ELi\dELi(\d)ELb([01])ELi(\d)E(?:Lb([01])E)?(?:Lb([01])E)?")
 
 
 def keysplit_runs(prof):
-    """{(block_n, row slices, paged-capable, ring tile, head groups)} of the key-split kernels
-    a profile shows."""
+    """{(block_n, row slices, paged-capable, ring tile, head groups, overlapped K / V copies)}
+    of the key-split kernels a profile shows."""
     runs = set()
     for e in prof.events():
         m = _KEYSPLIT_TILE.search(e.name)
         if m:
             g = m.groups()
-            n, slices, paged, producers, groups = g[:5] if g[0] is not None else g[5:]
+            n, slices, paged, producers, groups, overlap = g[:6] if g[0] is not None else g[6:]
             runs.add((int(n), int(slices), paged in ("true", "1"), int(producers) > 0,
-                      groups in ("true", "1")))
+                      groups in ("true", "1"), overlap in ("true", "1")))
     return runs
 
 
@@ -236,11 +237,13 @@ def expects_paged_kernel(case):
             os.environ.get("FLASH_CUDA_DECODE_CONTIG") == "0")
 
 
-def check_keysplit_kernel(case, dtype, *, block_n, rows, ring=False, groups=False, hk=None):
+def check_keysplit_kernel(case, dtype, *, block_n, rows, ring=False, groups=False,
+                          overlap=False, hk=None):
     """Runs a grid case (checked like the grid; hk: run_case's) under the profiler, which must
     show exactly one key-split kernel: block_n-key blocks, rows // 16 row slices, the
     paged-capable one or its twin without the paged path as expects_paged_kernel says, the ring
-    tile or not, the head-group twin or not."""
+    tile or not, the head-group twin or not, the twin with overlapped K / V copies or not.
+    Returns run_case's (out, lse)."""
     from torch.profiler import ProfilerActivity, profile
 
     kernel_dim = kernel_head_dim(case[3])
@@ -250,7 +253,7 @@ def check_keysplit_kernel(case, dtype, *, block_n, rows, ring=False, groups=Fals
         result = run_case(case, dtype, hk=hk)
         torch.cuda.synchronize()
     runs = keysplit_runs(prof)
-    assert runs == {(block_n, rows // 16, expects_paged_kernel(case), ring, groups)}, \
+    assert runs == {(block_n, rows // 16, expects_paged_kernel(case), ring, groups, overlap)}, \
         f"key-split runs: {runs}"
     return result
 
@@ -268,6 +271,7 @@ def test_kvcache_128key_tile(case, rows, monkeypatch):
     without the paged path, as expects_paged_kernel says)."""
     monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")  # the tiles without head groups
     monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "0")
+    monkeypatch.setenv("FLASH_CUDA_DECODE_OVERLAP", "0")  # test_kvcache_128key_overlap has it
     dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
     check_keysplit_kernel(case, dtype, block_n=128, rows=rows)
 
@@ -276,14 +280,14 @@ def test_kvcache_128key_tile(case, rows, monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available() and
                     torch.cuda.get_device_properties(0).multi_processor_count > 135,
                     reason="the 32-row steps (136 tiles, one split) need more tiles than SMs")
-@pytest.mark.parametrize("case,rows", [c for c in WIDE_TILE_CASES if c[0][5].startswith("paged")],
+@pytest.mark.parametrize("case,rows", [c for c in WIDE_TILE_CASES
+                                       if c[0][5].startswith("paged") and c[1] == 16],
                          ids=lambda c: case_id(c) if isinstance(c, tuple) else f"rows{c}")
 def test_kvcache_128key_overlap(case, rows, monkeypatch):
-    """Paged steps on the 128-key tile with each block's V copy issued with its K copy
-    (FwdParams::kv_overlap, forced by FLASH_CUDA_DECODE_OVERLAP=1; tests/test_decode_emulated.py
-    checks that the emulated kernel takes that path): checked like the grid, that tile's kernel
-    ran, and out and lse equal those of the same step without the overlap (=0) bit for bit (the
-    copies move, the math does not)."""
+    """Paged steps on the 16-row 128-key tile's twin that issues each block's V copy with its K
+    copy (FwdParams::kv_overlap, forced by FLASH_CUDA_DECODE_OVERLAP=1): checked like the grid,
+    the profiler shows that twin (and with =0 the plain tile), and out and lse equal those of
+    the plain tile bit for bit (the copies move, the math does not)."""
     monkeypatch.setenv("FLASH_CUDA_DECODE_HGROUP", "1")
     monkeypatch.setenv("FLASH_CUDA_DECODE_RING", "0")
     dtype = torch.bfloat16 if zlib.crc32(repr(case).encode()) % 2 else torch.float16
@@ -291,7 +295,8 @@ def test_kvcache_128key_overlap(case, rows, monkeypatch):
     for overlap in ("1", "0"):
         monkeypatch.setenv("FLASH_CUDA_DECODE_OVERLAP", overlap)
         torch.manual_seed(0)  # the same inputs twice (Cache draws v from the global generator)
-        results.append(check_keysplit_kernel(case, dtype, block_n=128, rows=rows))
+        results.append(check_keysplit_kernel(case, dtype, block_n=128, rows=rows,
+                                             overlap=overlap == "1"))
     (out_1, lse_1), (out_0, lse_0) = results
     assert torch.equal(out_1, out_0) and torch.equal(lse_1, lse_0)
 

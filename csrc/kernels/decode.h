@@ -121,11 +121,13 @@ inline bool contiguous_keysplit(const FwdParams& p) {
 // 128-key ones; else the 64-row decode tile. The launcher (sm80/fwd_launch.cuh), the CPU
 // emulator (tests/emulation/fwd_emulated.cpp) and scripts/decode_plan.cpp all dispatch on this.
 // With params.kv_ring (plan_decode_tile: sm_90) the warp-specialised twins of the 64-key
-// key-split tiles (kRing16, kRing32; sm80/kv_ring.cuh).
+// key-split tiles (kRing16, kRing32; sm80/kv_ring.cuh). With params.kv_overlap (plan_kv_overlap:
+// paged calls) the 16-row 128-key tile's twin whose V copies travel with its K copies.
 enum class DecodeTile {
     kDecode64,
     kKeySplit16,
     kKeySplit16Wide,
+    kKeySplit16WideOverlap,
     kKeySplit32,
     kKeySplit32Wide,
     kRing16,
@@ -135,7 +137,10 @@ inline DecodeTile decode_tile(const FwdParams& p) {
     if (!runs_keysplit_tile(p)) return DecodeTile::kDecode64;
     const bool sixteen = keysplit_rows(p) <= 16;
     if (p.kv_ring) return sixteen ? DecodeTile::kRing16 : DecodeTile::kRing32;
-    if (sixteen) return p.wide_key_blocks ? DecodeTile::kKeySplit16Wide : DecodeTile::kKeySplit16;
+    if (sixteen && p.wide_key_blocks) {
+        return p.kv_overlap ? DecodeTile::kKeySplit16WideOverlap : DecodeTile::kKeySplit16Wide;
+    }
+    if (sixteen) return DecodeTile::kKeySplit16;
     return p.wide_key_blocks ? DecodeTile::kKeySplit32Wide : DecodeTile::kKeySplit32;
 }
 
@@ -500,38 +505,47 @@ inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
     p.wide_key_blocks = false;
 }
 
-// Paged calls on the 128-key tile: the V copy of each block issued with its K copy (FwdParams::
-// kv_overlap; sm80/fwd.cuh) where pages are small (the copies carry a page lookup every 16 keys)
-// and the step is long per CTA or runs several waves. Run 139 (one token, d128, the overlap on
-// every paged 128-key call, two processes against main) and run 140 (this rule, two more):
-//   - page 16: 1.2-2.0% faster on the GQA / MHA steps with >= 64 key blocks per CTA (GQA b8
-//     kv32k / kv131k, b32 kv8k-kv131k, b128 kv8k / kv32k, MHA b8 kv131k) and 2.1-3.2% on those
-//     of more CTAs than one wave (GQA b128 kv1k, MHA b32 / b128 kv1k at 1024-4096 CTAs), but
-//     0.5-1.9% slower on single-wave steps of 8-32 blocks per CTA (GQA b1 kv32k, b32 kv1k, MHA
-//     b1 kv8k, b8 kv1k), which the rule leaves out;
-//   - page 256 (one page per block, a copy as cheap as a contiguous one): 0.5-1.6% slower on the
-//     long single-wave steps (run 140), as the contiguous twins were (0.5-1.7%, run 139), so
-//     those twins do not have it and pages over kOverlapMaxPage keys do not take it (pages of
-//     17-128 keys were not measured).
-// 16-row tiles only (the 32-row one, MQA and several query tokens, was not measured with it).
-// FLASH_CUDA_DECODE_OVERLAP in the environment (read per call): 0 never, 1 on every paged 128-key
-// call (tests, A/B runs), unset: the rule.
+// Paged calls on the 16-row 128-key tile: the twin kernel that issues each block's V copy with
+// its K copy (FwdParams::kv_overlap, DecodeTile::kKeySplit16WideOverlap; sm80/fwd.cuh), on the
+// steps where it measured faster. Runs 139-142 (one token,
+// d128, the overlap forced on against off or main, two processes each):
+//   - long CTAs (>= kOverlapMinBlocks key blocks) or several waves of CTAs, small pages:
+//     page 16 1.008-1.032 (GQA b8 kv32k / kv131k, b32 kv8k-kv131k, b128, MHA b1 kv131k, b8
+//     kv131k, b32, b128), page 32 1.001-1.029 on the same cells (run 142). The copies carry a
+//     page lookup every 16 or 32 keys, and overlapping K and V hides them;
+//   - the same long CTAs with larger pages: page 64 0.991-1.010 (run 142), page 256 0.983-1.009
+//     (run 140), where a block's copy is nearly as cheap as a contiguous one: the contiguous
+//     twins lost 0.5-1.7% with the overlap (run 139) and do not have it;
+//   - short CTAs in several waves (GQA b128 kv1k, MHA b32 / b128 kv1k: 8 blocks per CTA, 1024-4096
+//     CTAs) gain at every page size: 1.011-1.032 at pages 16, 32, 64 and 256;
+//   - single-wave steps of 8-32 blocks per CTA lose 0.5-1.9% (GQA b1 kv32k, b32 kv1k, MHA b1
+//     kv8k, b8 kv1k at page 16) and do not take it.
+// 16-row tiles only (the 32-row one, MQA and several query tokens, was not measured with it, and
+// has no such twin). Runs 139-143 measured a run-time switch inside one kernel; that switch cost
+// the steps that kept the plain order 0.3-0.7% (page 64 / 256, runs 141 and 143), so the order is
+// a kernel of its own. The rule is for sm_90 GPUs (sm90_device: plan_decode_tile's ring_device);
+// the order was measured on the H200 only. FLASH_CUDA_DECODE_OVERLAP in the environment (read
+// per call): 0 never, 1 on every paged 16-row 128-key call (tests, A/B runs), unset: the rule.
 constexpr int kOverlapMinBlocks = 64;
-constexpr int kOverlapMaxPage = 16;
-inline void plan_kv_overlap(FwdParams& p, int num_sms) {
+constexpr int kOverlapMinWaves = 2;  // measured: 1024-4096 CTAs (3.9-15.5 waves) gain, <= 1 lose
+constexpr int kOverlapMaxSmallPage = 32;
+inline void plan_kv_overlap(FwdParams& p, int num_sms, bool sm90_device) {
     p.kv_overlap = false;
-    if (p.block_table == nullptr || !p.wide_key_blocks || p.kv_ring) return;
+    if (p.block_table == nullptr || !p.wide_key_blocks || p.kv_ring || keysplit_rows(p) > 16) {
+        return;
+    }
     const char* env = std::getenv("FLASH_CUDA_DECODE_OVERLAP");
     if (env != nullptr && env[0] != '\0') {
         p.kv_overlap = !(env[0] == '0' && env[1] == '\0');
         return;
     }
-    if (keysplit_rows(p) > 16 || p.page_block_size > kOverlapMaxPage) return;
+    if (!sm90_device) return;  // measured on the H200 only
     const int splits = std::max(p.num_splits, 1);
-    const int64_t ctas = num_tiles(p) * splits;
-    const int blocks_per_cta = key_blocks(key_columns(p), kWideKeyBlock) / splits;
-    p.kv_overlap = blocks_per_cta >= kOverlapMinBlocks ||
-                   ctas > static_cast<int64_t>(num_sms) * kWideCtasPerSm;
+    const bool long_ctas = key_blocks(key_columns(p), kWideKeyBlock) / splits >= kOverlapMinBlocks;
+    const bool several_waves =
+        num_tiles(p) * splits >= static_cast<int64_t>(kOverlapMinWaves) * num_sms * kWideCtasPerSm;
+    p.kv_overlap = p.page_block_size <= kOverlapMaxSmallPage ? long_ctas || several_waves
+                                                              : several_waves && !long_ctas;
 }
 
 // The kvcache op's packing (before plan_decode_tile and num_splits): head groups where the rule

@@ -146,9 +146,9 @@ struct FwdParams : public QKVParams {
     // warps fill a ring of 64-key K/V slots; kernels/decode.h plan_decode_tile,
     // sm80/kv_ring.cuh). wide_key_blocks is false with it.
     bool kv_ring;
-    // Paged calls on the 128-key tile (kernels/decode.h plan_kv_overlap): each block's V copy is
-    // issued once every warp has read the previous V tile, with the block's K copy, instead of
-    // once its K has landed (sm80/fwd.cuh; runs only in the paged-capable 128-key kernels).
+    // Paged calls on the 16-row 128-key tile (kernels/decode.h plan_kv_overlap): the launcher
+    // runs its twin that issues each block's V copy once every warp has read the previous V
+    // tile, with the block's K copy, instead of once its K has landed (sm80/fwd.cuh).
     bool kv_overlap;
     // Head groups (kernels/decode.h plan_packing; the kvcache op's one-token steps on
     // contiguous caches): > 1 = the query rows of head_group KV heads share one key-split tile

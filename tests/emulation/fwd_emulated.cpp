@@ -160,9 +160,8 @@ void run(FwdParams& params) {
             flash_cuda::decode::contiguous_keysplit(params) && !bias.alibi && !bias.softcap;
         const bool keysplit = with_keysplit_traits<EMU_HEAD_DIM>(
             flash_cuda::decode::decode_tile(params), [&](const char* what, auto tile, auto plain) {
-                std::printf("emulator: key-split decode tile, %s%s%s\n", what,
-                            contiguous ? ", no paged path" : "",
-                            params.kv_overlap ? ", K and V copies overlapped" : "");
+                std::printf("emulator: key-split decode tile, %s%s\n", what,
+                            contiguous ? ", no paged path" : "");
                 if (contiguous) {
                     run_traits<Element, typename decltype(plain)::type, Causal>(params);
                 } else {
@@ -348,7 +347,9 @@ int main(int argc, char** argv) {
                                                   flash_cuda::decode::key_columns(p),
                                                   decode_tile, flash_cuda::decode::split_geometry(p),
                                                   num_sms);
-    if (geti_or("kvcache_op", 0) != 0) flash_cuda::decode::plan_kv_overlap(p, num_sms);
+    if (geti_or("kvcache_op", 0) != 0) {
+        flash_cuda::decode::plan_kv_overlap(p, num_sms, geti_or("ring_device", 0) != 0);
+    }
     const size_t partial_rows =
         static_cast<size_t>(p.num_splits) * p.b * p.h * std::max(p.seqlen_q, 0);
     GuardedBuffer o_acc(partial_rows * p.d_rounded * 4, 0xFF), lse_acc(partial_rows * 4, 0xFF);

@@ -45,9 +45,10 @@ namespace sm80 {
 // ProducerWarps = 4: the warp-specialised tile of sm_90 (kv_ring.cuh): 4 more warps copy K / V
 // into a ring of Stages slots while the 4 compute warps only compute; 0: the compute warps copy.
 // HeadGroups: the key columns are the (key, KV head) pairs of params.head_group KV heads
-// (kernels/decode.h plan_packing; contiguous caches, 16 rows).
+// (kernels/decode.h plan_packing; contiguous caches, 16 rows). OverlapKV: one-stage paged tiles
+// issue each block's V copy with its K copy (sm80/fwd.cuh; kernels/decode.h plan_kv_overlap).
 template <int HeadDim, int BlockN, int Stages, int RowSlices = 1, bool PagedKV = true,
-          int ProducerWarps = 0, bool HeadGroups = false>
+          int ProducerWarps = 0, bool HeadGroups = false, bool OverlapKV = false>
 struct FwdKeySplitTraits {
     static constexpr int kHeadDim = HeadDim;
     static constexpr int kRowSlices = RowSlices;  // 16-row slices: 1, or 2 (MQA-like 17..32 rows)
@@ -66,6 +67,9 @@ struct FwdKeySplitTraits {
     static constexpr bool kSkipIdleWarps = false;  // every warp has keys to work on
     static constexpr bool kKeySplit = true;
     static constexpr bool kHeadGroups = HeadGroups;
+    static constexpr bool kOverlapKV = OverlapKV;
+    static_assert(!OverlapKV || (Stages == 1 && PagedKV && ProducerWarps == 0 && !HeadGroups),
+                  "the overlapped copies are for one-stage paged tiles without producer warps");
     // Every warp multiplies the same 16 Q rows with each of its key slices: at d <= 128 the
     // warp keeps Q's A fragments in registers (kHeadDim / 4 registers) from the first block on,
     // instead of re-reading the Q tile with ldmatrix every block.
@@ -164,6 +168,9 @@ struct FwdDecodeKeySplitConfig {
     // of 64 keys (72 KB; 217-225 registers).
     using TraitsWide = FwdKeySplitTraits<HeadDim, 128, 1, 1, PagedKV>;
     using TraitsWide32 = FwdKeySplitTraits<HeadDim, 128, 1, 2, PagedKV>;
+    // Paged calls of TraitsWide that kernels/decode.h plan_kv_overlap gives params.kv_overlap:
+    // each block's V copy issued with its K copy (sm80/fwd.cuh).
+    using TraitsWideOverlap = FwdKeySplitTraits<HeadDim, 128, 1, 1, true, 0, false, true>;
     // sm_90, the kvcache op (kernels/decode.h plan_decode_tile), at the head dims of
     // kHasRingKeySplitTile: the warp-specialised twins (kv_ring.cuh), one CTA per SM, whose
     // shared memory holds a ring of 6 64-key slots (196 / 200 KB at d128). A ring of 3 128-key
@@ -203,6 +210,14 @@ bool with_keysplit_traits(decode::DecodeTile tile, Fn&& fn) {
                 fn("16 rows", type_identity<typename Config::Traits>{},
                    type_identity<typename Contig::Traits>{});
                 return true;
+            case decode::DecodeTile::kKeySplit16WideOverlap:
+                if constexpr (kHasWideKeySplitTile<HeadDim>) {
+                    fn("16 rows, 128-key blocks, K and V copies overlapped",
+                       type_identity<typename Config::TraitsWideOverlap>{},
+                       type_identity<typename Contig::TraitsWide>{});
+                    return true;
+                }
+                break;
             case decode::DecodeTile::kKeySplit32:
                 fn("32 rows", type_identity<typename Config::Traits32>{},
                    type_identity<typename Contig::Traits32>{});

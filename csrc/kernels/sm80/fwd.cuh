@@ -619,14 +619,14 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     // the 2 (kStages - 1) groups issued after it may stay in flight.
     constexpr int kGroupsInFlight = 2 * (kStages - 1);
     // One K and one V buffer (the 128-key key-split tiles): the plain order issues V_j once K_j
-    // has landed and K_j+1 once V_j has (one tile in flight per CTA). With params.kv_overlap
-    // (paged calls, kernels/decode.h plan_kv_overlap) V_j+1 is issued once every warp has read
-    // V_j (a third barrier per block), right after K_j+1, so a block's K and V travel together:
-    // at the top of iteration j the groups in flight are K_j, V_j. Compiled into the
-    // paged-capable kernels only (the contiguous twins lost 0.5-1.7% with it, run 139).
-    constexpr bool kOverlapCapable = kStages == 1 && Traits::kKeySplit && Traits::kPagedKV &&
-                                     !Traits::kSkipIdleWarps && Traits::kProducerWarps == 0;
-    const bool overlap_kv = kOverlapCapable && params.kv_overlap;
+    // has landed and K_j+1 once V_j has (one tile in flight per CTA). The twin with
+    // Traits::kOverlapKV (paged calls, kernels/decode.h plan_kv_overlap) issues V_j+1 once every
+    // warp has read V_j (a third barrier per block), right after K_j+1, so a block's K and V
+    // travel together: at the top of iteration j the groups in flight are K_j, V_j. (The
+    // contiguous twins lost 0.5-1.7% with it, run 139.)
+    constexpr bool overlap_kv = Traits::kOverlapKV;
+    static_assert(!overlap_kv || (kStages == 1 && !Traits::kSkipIdleWarps),
+                  "overlapped copies: one K / V stage, every warp computing");
     using QCopy = typename Traits::QCopy;
     using KVCopy = typename Traits::KVCopy;
     // The warp GEMMs' geometry: the tile's, or for the key-split tile (decode_keysplit.cuh) all
@@ -870,7 +870,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         lookup_pages(0, kv);
         load_k(0, kv);
         ptx::cp_async_commit();
-        if (overlap_kv) {
+        if constexpr (overlap_kv) {
             load_v(0, kv);  // the V buffer is free: K0 and V0 travel together
             ptx::cp_async_commit();
         }
@@ -955,7 +955,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
 
         if constexpr (kWarpSpecialized) {
             ring.wait_k(it);
-        } else if (overlap_kv) {
+        } else if constexpr (overlap_kv) {
             // K of this block has landed (its V may still be in flight). The paged lookup of
             // the next block: this block's V was issued with its rows already.
             ptx::cp_async_wait<1>();
@@ -1049,7 +1049,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
                                             Traits::kv_row_byte_offset(warp_key0),
                                         lane);
         if constexpr (kWarpSpecialized) ring.release(it, lane);
-        if (overlap_kv) {
+        if constexpr (overlap_kv) {
             // Every warp is done reading this block's V: the next block's V follows its K.
             if (it + 1 < n_iters) {
                 block_barrier();

@@ -49,6 +49,8 @@ struct FwdTraits {
     // Key columns of several KV heads (params.head_group): decode_keysplit.cuh's head-group
     // twins only.
     static constexpr bool kHeadGroups = false;
+    // Each block's V copy issued with its K copy: decode_keysplit.cuh's paged 128-key twin only.
+    static constexpr bool kOverlapKV = false;
 
     static constexpr int kWarpRows = kBlockM / kNWarps;
     static constexpr int kKeySlices = 1;            // warps per row slice (key-split tile: > 1)
