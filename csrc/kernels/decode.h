@@ -507,8 +507,8 @@ inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
 
 // Paged calls on the 16-row 128-key tile: the twin kernel that issues each block's V copy with
 // its K copy (FwdParams::kv_overlap, DecodeTile::kKeySplit16WideOverlap; sm80/fwd.cuh), on the
-// steps where it measured faster. Runs 139-142 (one token,
-// d128, the overlap forced on against off or main, two processes each):
+// steps where it measured faster. Runs 139-142 (one token, d128, the overlap forced on against
+// off or main, two processes each):
 //   - long CTAs (>= kOverlapMinBlocks key blocks) or several waves of CTAs, small pages:
 //     page 16 1.008-1.032 (GQA b8 kv32k / kv131k, b32 kv8k-kv131k, b128, MHA b1 kv131k, b8
 //     kv131k, b32, b128), page 32 1.001-1.029 on the same cells (run 142). The copies carry a
