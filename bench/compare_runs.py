@@ -8,9 +8,9 @@ For every case all files have, prints each variant's figure of `--impl` (TB/s fo
 for prefill: graph-replay timing where there is one), its ratio to the same process's `--peer`,
 and its ratio to the first variant; then per variant the geometric means and how many cases
 reach the threshold (1.0x) and 0.97x of it. Ratios to the first variant are what an A/B
-measures; the ratios to the peer show how much the machine moved between processes. With repeats of one
-variant (the same build in several processes), the line "median over the runs" gives each
-case's median ratio to the peer: the cases below it in most processes, not in one.
+measures; the ratios to the peer show how much the machine moved between processes. With
+repeats of one variant (the same build in several processes), the line "median over the runs"
+gives each case's median ratio to the peer: the cases below it in most processes, not in one.
 `--threshold` is the ratio the counts are made against (1.0: as fast as the peer); e.g. paged
 within 10% of contiguous: `--impl flash_cuda_p16 --peer flash_cuda --threshold 0.9`.
 """

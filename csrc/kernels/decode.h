@@ -75,6 +75,14 @@ inline bool env_is_zero(const char* name) {
     const char* value = std::getenv(name);
     return value != nullptr && value[0] == '0' && value[1] == '\0';
 }
+// A three-way A/B switch (read per call): unset or empty the rule, "0" off, anything else on
+// wherever possible (FLASH_CUDA_DECODE_RING, FLASH_CUDA_DECODE_OVERLAP).
+enum class EnvChoice { kRule, kOff, kAll };
+inline EnvChoice env_choice(const char* name) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || value[0] == '\0') return EnvChoice::kRule;
+    return value[0] == '0' && value[1] == '\0' ? EnvChoice::kOff : EnvChoice::kAll;
+}
 inline bool paged_floor_enabled() {
     static const bool on = !env_is_zero("FLASH_CUDA_DECODE_PAGED_FLOOR");
     return on;
@@ -460,12 +468,7 @@ inline void plan_key_blocks(FwdParams& p, int num_sms) {
 // MHA b1 kv8k 0.96). FLASH_CUDA_DECODE_RING in the environment (read per call): 0 never, 1 on
 // every d128 key-split call (A/B runs), unset: the rule.
 constexpr int kRingMinBlocks = 8;
-enum class RingChoice { kRule, kOff, kAll };
-inline RingChoice ring_choice() {
-    const char* env = std::getenv("FLASH_CUDA_DECODE_RING");
-    if (env == nullptr || env[0] == '\0') return RingChoice::kRule;
-    return env[0] == '0' && env[1] == '\0' ? RingChoice::kOff : RingChoice::kAll;
-}
+inline EnvChoice ring_choice() { return env_choice("FLASH_CUDA_DECODE_RING"); }
 constexpr bool has_ring_keysplit_tile(int kernel_head_dim) { return kernel_head_dim == 128; }
 
 // The kvcache op's tile choice (after plan_packing, before num_splits): the key-split tiles
@@ -478,12 +481,12 @@ constexpr bool has_ring_keysplit_tile(int kernel_head_dim) { return kernel_head_
 inline void plan_decode_tile(FwdParams& p, int num_sms, bool ring_device) {
     p.kv_ring = false;
     plan_key_blocks(p, num_sms);
-    const RingChoice ring = ring_device ? ring_choice() : RingChoice::kOff;
-    if (ring == RingChoice::kOff || !has_ring_keysplit_tile(p.d_rounded) ||
+    const EnvChoice ring = ring_device ? ring_choice() : EnvChoice::kOff;
+    if (ring == EnvChoice::kOff || !has_ring_keysplit_tile(p.d_rounded) ||
         !runs_keysplit_tile(p) || p.head_group > 1) {  // head groups: no ring twin
         return;
     }
-    if (ring == RingChoice::kRule) {
+    if (ring == EnvChoice::kRule) {
         if (p.block_table == nullptr) return;
         const int64_t tiles = num_tiles(p);
         auto splits_of = [&](const SplitGeometry& geometry) {
@@ -531,12 +534,11 @@ constexpr int kOverlapMinWaves = 2;  // measured: 1024-4096 CTAs (3.9-15.5 waves
 constexpr int kOverlapMaxSmallPage = 32;
 inline void plan_kv_overlap(FwdParams& p, int num_sms, bool sm90_device) {
     p.kv_overlap = false;
-    if (p.block_table == nullptr || !p.wide_key_blocks || p.kv_ring || keysplit_rows(p) > 16) {
-        return;
-    }
-    const char* env = std::getenv("FLASH_CUDA_DECODE_OVERLAP");
-    if (env != nullptr && env[0] != '\0') {
-        p.kv_overlap = !(env[0] == '0' && env[1] == '\0');
+    // (The ring tiles have wide_key_blocks false: plan_decode_tile.)
+    if (p.block_table == nullptr || !p.wide_key_blocks || keysplit_rows(p) > 16) return;
+    const EnvChoice choice = env_choice("FLASH_CUDA_DECODE_OVERLAP");
+    if (choice != EnvChoice::kRule) {
+        p.kv_overlap = choice == EnvChoice::kAll;
         return;
     }
     if (!sm90_device) return;  // measured on the H200 only
