@@ -141,7 +141,7 @@ for tool in ${SANITIZE:-}; do
         env "${envs[@]}" timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 7 \
             python3 scripts/sanitize_kernels.py > "$OUT/$log" 2>&1
         rc=$?
-        line=$(grep -m 1 "ERROR SUMMARY" "$OUT/$log")
+        line=$(grep -m 1 -E "(ERROR|RACECHECK) SUMMARY" "$OUT/$log")
         if [ $rc -eq 0 ] && grep -q '^ok$' "$OUT/$log"; then
             SUMMARY+=("sanitize $tool (FLASH_CUDA_SM90=$sm90): ok ${line}")
         else

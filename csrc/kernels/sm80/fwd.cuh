@@ -598,6 +598,17 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
     Traits::QCopy::store(out.o, params.o_row_stride, smem_q, out.valid_rows, params.d, tid);
 }
 
+// The 128-row softcap kernels' lane % 4 (the score fragment's column pair) in the key loop: the
+// sm_80 pass (what an A100 runs) derives it from lane where it is used, because kept in a
+// register through the loop ptxas spilled it (8-12 B at d128, 255 registers; since 34f9c7f).
+// The sm_90a pass keeps the register: there it does not spill, and deriving it measured 1-3%
+// slower on those kernels at 4k-16k keys (bench/NOTES.md run 148).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kRederiveLanePair = true;
+#else
+constexpr bool kRederiveLanePair = false;
+#endif
+
 // Template parameters: Causal (window right side fixed to 0), HasAlibi (scores converted to
 // natural-log units with the ALiBi bias; also used, with slope 0, when softmax_scale <= 0 so
 // the exponent factor stays positive), HasSoftcap (tanh capping), IsDropout (dropout of P: l
@@ -999,7 +1010,10 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         // Query row and key of s[0][0][0]. (Opaque: per-row values derived from it are computed
         // here, not hoisted out of the loop into registers.)
         const int frag_row0 = ptx::opaque(m0 + warp_row0 + lane / 4);
-        const int frag_col0 = n_block * kBlockN + warp_key0 + 2 * (lane % 4);
+        const int lane_pair = kRederiveLanePair && HasSoftcap && !Traits::kSplitKV
+                                  ? ptx::opaque(lane) % 4
+                                  : lane % 4;
+        const int frag_col0 = n_block * kBlockN + warp_key0 + 2 * lane_pair;
         if constexpr (HasAlibi) {
             apply_alibi(acc_s, score_scale, cta.alibi_slope, frag_row0 + cta.diag, frag_col0);
         }
