@@ -598,9 +598,10 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
     Traits::QCopy::store(out.o, params.o_row_stride, smem_q, out.valid_rows, params.d, tid);
 }
 
-// The 128-row softcap kernels' lane % 4 (the score fragment's column pair) in the key loop: the
-// sm_80 pass (what an A100 runs) derives it from lane where it is used, because kept in a
-// register through the loop ptxas spilled it (8-12 B at d128, 255 registers; since 34f9c7f).
+// The prefill tile's softcap kernels' lane % 4 (the score fragment's column pair) in the key
+// loop (traits.h FwdTraits, every head dim): the sm_80 pass (what an A100 runs) derives it from
+// lane where it is used, because kept in a register through the loop ptxas spilled it in the
+// d128 128-row kernels (8-12 B at 255 registers; since 34f9c7f).
 // The sm_90a pass keeps the register: there it does not spill, and deriving it measured 1-3%
 // slower on those kernels at 4k-16k keys (bench/NOTES.md run 148).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
