@@ -9,6 +9,7 @@ It checks no values (the GPU tests do); it prints one line per call and "ok" at 
 `--device cpu` runs the same calls on the reference path (a smoke test of this script).
 """
 
+import contextlib
 import os
 import sys
 
@@ -21,6 +22,24 @@ import flash_cuda  # noqa: E402
 
 DEV = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
 DT = torch.bfloat16 if DEV == "cuda" else torch.float32
+
+
+@contextlib.contextmanager
+def environment(**values):
+    """The library's environment switches (read per call) set to `values` inside the block, and
+    restored, unset or as the caller had them, after it."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
 gen = torch.Generator(device=DEV).manual_seed(0)
 
 
@@ -135,8 +154,7 @@ def unchecked_decode_calls():
     memcheck must see no access outside the tensors. CUDA only (the reference indexes with them)."""
     if DEV != "cuda":
         return
-    os.environ["FLASH_CUDA_CHECK_VALUES"] = "0"
-    try:
+    with environment(FLASH_CUDA_CHECK_VALUES="0"):
         b, cap, hk, d = 3, 192, 2, 128
         k_dense, v_dense = rand(b + 1, cap, hk, d), rand(b + 1, cap, hk, d)
         q = rand(b, 1, 8, d)
@@ -150,28 +168,21 @@ def unchecked_decode_calls():
         run("unchecked decode page 16",
             lambda: flash_cuda.flash_attn_with_kvcache(
                 q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=3))
-    finally:
-        del os.environ["FLASH_CUDA_CHECK_VALUES"]
 
 
 def ring_decode_calls():
     """The d128 decode and unchecked calls again with FLASH_CUDA_DECODE_RING=1: every key-split
     step on the warp-specialised ring tiles (sm_90; kernels/sm80/kv_ring.cuh)."""
-    os.environ["FLASH_CUDA_DECODE_RING"] = "1"
-    try:
+    with environment(FLASH_CUDA_DECODE_RING="1"):
         decode_calls(head_dims=(128,))
         unchecked_decode_calls()
-    finally:
-        del os.environ["FLASH_CUDA_DECODE_RING"]
 
 
 def overlap_decode_calls():
     """Paged d128 steps on the 128-key tile with each block's V copy issued with its K copy
     (FLASH_CUDA_DECODE_OVERLAP=1, the ring tiles off): 66 sequences of 1024 keys, GQA 4 in one
     KV head, page 16, the split heuristic's count (4 on an H200), the lengths ragged."""
-    os.environ["FLASH_CUDA_DECODE_OVERLAP"] = "1"
-    os.environ["FLASH_CUDA_DECODE_RING"] = "0"
-    try:
+    with environment(FLASH_CUDA_DECODE_OVERLAP="1", FLASH_CUDA_DECODE_RING="0"):
         b, cap, h, hk, d = 66, 1024, 4, 1, 128
         k_dense, v_dense = rand(b, cap, hk, d), rand(b, cap, hk, d)
         lengths = [cap - (i * 37) % 300 for i in range(b)]
@@ -182,17 +193,13 @@ def overlap_decode_calls():
                 lambda: flash_cuda.flash_attn_with_kvcache(
                     q, kp, vp, cache_seqlens=ints(lengths), block_table=table,
                     num_splits=splits))
-    finally:
-        del os.environ["FLASH_CUDA_DECODE_OVERLAP"]
-        del os.environ["FLASH_CUDA_DECODE_RING"]
 
 
 def head_group_decode_calls():
     """The d128 decode and unchecked calls again with FLASH_CUDA_DECODE_HGROUP=16: every
     one-token step that can take head groups on the head-group tiles (kernels/decode.h
     plan_packing), and MHA steps of 32 KV heads (G = 16; leftpad, cache_batch_idx, splits)."""
-    os.environ["FLASH_CUDA_DECODE_HGROUP"] = "16"
-    try:
+    with environment(FLASH_CUDA_DECODE_HGROUP="16"):
         decode_calls(head_dims=(128,))
         unchecked_decode_calls()
         b, cap, h, d = 3, 320, 32, 128
@@ -204,8 +211,6 @@ def head_group_decode_calls():
                     q, k_dense, v_dense, cache_seqlens=ints([cap, 77, 5]),
                     cache_batch_idx=ints([3, 0, 1]), cache_leftpad=ints([0, 9, 5]),
                     num_splits=splits))
-    finally:
-        del os.environ["FLASH_CUDA_DECODE_HGROUP"]
 
 
 if __name__ == "__main__":

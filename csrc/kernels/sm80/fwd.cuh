@@ -880,13 +880,11 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         lookup_pages(0, kv);
         load_k(0, kv);
         ptx::cp_async_commit();
-        if constexpr (overlap_kv) {
-            load_v(0, kv);  // the V buffer is free: K0 and V0 travel together
+        if constexpr (kStages >= 2 || overlap_kv) {
+            load_v(0, kv);  // overlap_kv (one stage): the V buffer is free, K0 and V0 together
             ptx::cp_async_commit();
         }
         if constexpr (kStages >= 2) {
-            load_v(0, kv);
-            ptx::cp_async_commit();
             if (n_iters > 1) {
                 lookup_pages(1, kv);
                 load_k(1, kv);
