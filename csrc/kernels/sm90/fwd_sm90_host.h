@@ -5,6 +5,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/params.h"
@@ -15,6 +16,12 @@ namespace sm90 {
 
 // Head dims with an sm90 forward kernel.
 constexpr bool fwd_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
+
+// Query tiles of a forward call: 128-row blocks of the (max) query length x batch x heads.
+inline int64_t fwd_sm90_tiles(const FwdParams& p) {
+    constexpr int kBlockM = 128;  // FwdSm90Traits::kBlockM
+    return (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.b * p.h;
+}
 
 // Whether the sm90 forward kernel handles the call: head dim 64, 128 or 256 exactly (the TMA boxes
 // are 64 columns wide), no dropout, no KV-cache features (paged, cache_batch_idx, leftpad,
@@ -28,7 +35,13 @@ inline bool fwd_supports(const FwdParams& p) {
                           p.leftpad_k != nullptr || p.seqused_k != nullptr || p.knew_ptr != nullptr;
     return fwd_head_dim_supported(p.d) && p.d == p.d_rounded && p.p_keep >= 1.f && has_keys &&
            !kv_cache && p.num_splits <= 1 && p.gqa_pack <= 1 && p.seqlen_q > 64 &&
-           p.b <= 65535 && p.h <= 65535 && p.is_seqlens_k_cumulative;
+           fwd_sm90_tiles(p) < (int64_t{1} << 31) && p.is_seqlens_k_cumulative;
+}
+
+// The persistent kernel's CTAs: one per SM (the tile needs all of an SM's shared memory), at
+// most one per tile; each walks the tiles blockIdx.x, + gridDim.x, ... (fwd_sm90.cuh FwdTile).
+inline int fwd_sm90_ctas(const FwdParams& p, int num_sms) {
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(fwd_sm90_tiles(p), num_sms)));
 }
 
 // The rank-4 map (column, row, head, batch) of a (b, rows, heads, d) tensor or, varlen, of a
