@@ -33,7 +33,10 @@
 // Not here (the launcher keeps these on the sm80 kernels): dropout, KV caches (paged,
 // cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other than 64 / 128 /
 // 256.
-// Grid (ceil(max seqlen_q / kBlockM), b, h).
+// Persistent: one CTA per SM (at most one per tile), each walking the tiles (b, h, 128-row query
+// blocks) in the order of a grid (m blocks, b, h) (FwdTile); a CTA's barriers run on from one tile
+// to the next, so its producer loads the next tile's Q and first K / V under the last block and
+// the epilogue of the current one.
 #pragma once
 
 #include <cuda.h>
@@ -313,8 +316,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Pingpong: each batch of GEMMs (the first S; then each step's next S and P V) is issued
     // between bar.sync on this warpgroup's barrier (1 + c) and bar.arrive on the other's, so the
     // warpgroups issue in turn, warpgroup 0 first (warpgroup 1's arrival before its first
-    // batch). Both have n_iters + 1 batches per tile; warpgroup 1 skips its last arrival, so
-    // every barrier phase gets exactly its 256 threads, tile after tile.
+    // batch), tile after tile (n_iters + 1 batches each). A warpgroup's arrivals on a barrier
+    // thus alternate with its syncs on the other one, so no warp arrives twice in one phase;
+    // warpgroup 0's one more sync after the last tile takes warpgroup 1's last arrival, so
+    // every barrier phase gets exactly its 256 threads.
     auto my_turn = [&] {
         if constexpr (Traits::kPingpong) ptx90::named_barrier_sync(1 + c, 256);
     };
@@ -322,6 +327,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if constexpr (Traits::kPingpong) ptx90::named_barrier_arrive(2 - c, 256);
     };
 
+    if constexpr (Traits::kPingpong) {
+        if (c == 1) ptx90::named_barrier_arrive(1, 256);  // warpgroup 0 goes first
+    }
     int q_round = 0, kv_base = 0;
     for (int tile_index = blockIdx.x; tile_index < num_tiles; tile_index += gridDim.x) {
         const TileWork w = tile_work(tile_index);
@@ -423,9 +431,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // leaves it unsure which group a wait retires.
         // Q is released (empty_q) once the tile's last S has landed, so that the producer loads
         // the next tile's Q under this tile's last block and epilogue.
-        if constexpr (Traits::kPingpong) {
-            if (c == 1) ptx90::named_barrier_arrive(1, 256);  // warpgroup 0 goes first
-        }
         wait_phase(smem.full_k(stage_of(0)), phase_of(0));
         my_turn();
         issue_qk(0);
@@ -460,8 +465,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 ptx90::fence_operand(acc_s);
                 ptx90::mbarrier_arrive(smem.empty_k(stage_of(it + 1)));
                 if (it + 2 == n_iters) ptx90::mbarrier_arrive(smem.empty_q());  // the last S
-            } else if constexpr (Traits::kPingpong) {
-                if (c == 0) their_turn();  // warpgroup 1's last batch: nobody waits for it
+            } else {
+                their_turn();
             }
         };
         for (int it = 0; it + 1 < n_iters; ++it) step(it, std::true_type{});
@@ -489,6 +494,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = pair;
             }
         }
+    }
+    if constexpr (Traits::kPingpong) {
+        if (c == 0) ptx90::named_barrier_sync(1, 256);  // warpgroup 1's last arrival
     }
 #endif  // sm_90a
 }
