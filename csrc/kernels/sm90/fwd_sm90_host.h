@@ -38,10 +38,22 @@ inline bool fwd_supports(const FwdParams& p) {
            fwd_sm90_tiles(p) < (int64_t{1} << 31) && p.is_seqlens_k_cumulative;
 }
 
-// The persistent kernel's CTAs: one per SM (the tile needs all of an SM's shared memory), at
-// most one per tile; each walks the tiles blockIdx.x, + gridDim.x, ... (fwd_sm90.cuh FwdTile).
+// Whether every tile of the call has the same key blocks: fixed-length, neither causal nor a
+// window. Then a static walk of the tiles (fwd_sm90.cuh FwdTile) balances the CTAs.
+inline bool fwd_sm90_equal_tiles(const FwdParams& p) {
+    return !p.is_causal && p.window_size_left < 0 && p.window_size_right < 0 &&
+           p.cu_seqlens_q == nullptr;
+}
+
+// The kernel's CTAs; each walks the tiles blockIdx.x, + gridDim.x, ... (fwd_sm90.cuh). Equal
+// tiles: persistent, one CTA per SM (a CTA needs all of an SM's shared memory) and at most one
+// per tile. Otherwise one CTA per tile, which the hardware hands to the SMs as they free up: a
+// static walk would give some CTAs twice the work of others (causal: the tiles' lengths cycle
+// with the query block).
 inline int fwd_sm90_ctas(const FwdParams& p, int num_sms) {
-    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(fwd_sm90_tiles(p), num_sms)));
+    const int64_t tiles = fwd_sm90_tiles(p);
+    return static_cast<int>(
+        std::max<int64_t>(1, fwd_sm90_equal_tiles(p) ? std::min<int64_t>(tiles, num_sms) : tiles));
 }
 
 // The rank-4 map (column, row, head, batch) of a (b, rows, heads, d) tensor or, varlen, of a
