@@ -177,6 +177,31 @@ struct MapRows {
     }
 };
 
+// row_sum[0][half] += this thread's share of row g (half 0) / g + 8 (half 1) of P, as rounded
+// to 16 bits for P V (p_frag: the A fragments of P; registers 0 / 2 hold row g, 1 / 3 row
+// g + 8): FADDs of the unpacked values, four partial sums per row. The sums stay per thread
+// through the key loop (the rescale is linear); quad_allreduce_sum makes them whole rows before
+// the epilogue. The same rounded P as sm80::warp_gemm_p_rowsum's P * ones, without its chain of
+// dependent mma.sync before the next block's wgmma is issued.
+template <typename Element, int kKSteps>
+__device__ __forceinline__ void add_p_row_sums(float (&row_sum)[1][2],
+                                               const uint32_t (&p_frag)[1][kKSteps][4]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+            const float2 lo = ptx::unpack_float2<Element>(p_frag[0][kk][half]);
+            const float2 hi = ptx::unpack_float2<Element>(p_frag[0][kk][2 + half]);
+            part[0] += lo.x;
+            part[1] += lo.y;
+            part[2] += hi.x;
+            part[3] += hi.y;
+        }
+        row_sum[0][half] += (part[0] + part[1]) + (part[2] + part[3]);
+    }
+}
+
 template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_fwd_sm90_kernel(const __grid_constant__ FwdParams params,
@@ -451,7 +476,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (it > 0) ptx90::mbarrier_arrive(smem.empty_v(stage_of(it - 1)));
             OnlineSoftmax<1>::rescale(o_frag, o_scale);
             sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
-            sm80::warp_gemm_p_rowsum<Element, PTile>(softmax.row_sum, p_frag);
+            add_p_row_sums<Element>(softmax.row_sum, p_frag);
             my_turn();
             if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
                 wait_phase(smem.full_k(stage_of(it + 1)), phase_of(it + 1));
@@ -477,7 +502,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         kv_base += n_iters;
         ++q_round;
 
-        // ---- Epilogue: O / l and lse straight from the registers.
+        // ---- Epilogue: O / l and lse straight from the registers (l: the quad's partial sums).
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            softmax.row_sum[0][half] = quad_allreduce_sum(softmax.row_sum[0][half]);
+        }
         float lse[1][2];
         softmax.finalize(o_frag, lse, log2_scale);
 #pragma unroll
