@@ -4,7 +4,7 @@
 // variant also makes the two consumer warpgroups take turns issuing their GEMMs (below). No TMA
 // store.
 //
-// One CTA = kBlockM = 128 query rows of one (batch, head), 3 warpgroups (384 threads):
+// One tile = kBlockM = 128 query rows of one (batch, head); a CTA, 3 warpgroups (384 threads):
 //   warpgroup 0, the producer (registers lowered to 24): one thread issues the TMA copies --
 //     Q once (kSlabs boxes of 128 rows x 64 columns), then for key blocks n = last .. first the
 //     K and V tiles (kSlabs boxes of kBlockN rows x 64 columns each) into kStages buffers, each
@@ -15,7 +15,8 @@
 //       S = Q K^T      wgmma m64 n kBlockN k16, both operands K-major from shared memory (SS)
 //       softcap / ALiBi / mask, online softmax on the accumulators (the per-warp layout is the
 //       mma.m16n8 C layout of the sm80 kernels: mask.cuh and softmax.cuh apply as they are)
-//       l += P 1       mma.sync with a ones fragment (softmax.cuh: l of the 16-bit P)
+//       l += P         FADDs of the 16-bit P per thread (add_p_row_sums), quad-reduced at the
+//                      epilogue
 //       O += P V       wgmma m64 n HeadDim k16, P from registers (the S accumulators converted
 //                      to A fragments in place), V MN-major from shared memory (RS)
 //   Epilogue: O / l straight from the accumulators to global (4-byte stores), lse per row.
@@ -33,10 +34,11 @@
 // Not here (the launcher keeps these on the sm80 kernels): dropout, KV caches (paged,
 // cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other than 64 / 128 /
 // 256.
-// Persistent: one CTA per SM (at most one per tile), each walking the tiles (b, h, 128-row query
-// blocks) in the order of a grid (m blocks, b, h) (FwdTile); a CTA's barriers run on from one tile
-// to the next, so its producer loads the next tile's Q and first K / V under the last block and
-// the epilogue of the current one.
+// Persistent: each CTA walks the tiles blockIdx.x, + gridDim.x, ... in the order of a grid
+// (m blocks, b, h) (FwdTile); a CTA's barriers run on from one tile to the next, so its producer
+// loads the next tile's Q and first K / V under the last block and the epilogue of the current
+// one. The launcher (fwd_sm90_host.h fwd_sm90_ctas) starts one CTA per SM where every tile has
+// the same key blocks (fixed length, not causal, no window), else one CTA per tile.
 #pragma once
 
 #include <cuda.h>
@@ -86,7 +88,7 @@ struct FwdSm90Traits {
     // The tiles need 1024-byte alignment; the dynamic shared memory is only 128-byte aligned.
     static constexpr int kSmemBytes = 1024 + kSmemBarOffset + 8 * kNumBarriers;
 
-    // The geometry the sm80 helpers (warp_gemm.cuh: P -> A fragments, P 1) see: one 16-row
+    // The geometry the sm80 helpers (warp_gemm.cuh: P -> A fragments) see: one 16-row
     // slice per warp, kBlockN keys.
     struct PTile {
         static constexpr int kMTiles = 1;
