@@ -6,7 +6,8 @@ read past a tensor reaches memory that no allocation owns.
     compute-sanitizer --tool memcheck --error-exitcode 7 python3 scripts/sanitize_kernels.py
 
 It checks no values (the GPU tests do); it prints one line per call and "ok" at the end.
-`--device cpu` runs the same calls on the reference path (a smoke test of this script).
+`--device cpu` runs the same calls on the reference path (a smoke test of this script);
+`--only persistent_forward_calls,prefill_calls` runs those sections alone.
 """
 
 import contextlib
@@ -213,12 +214,26 @@ def head_group_decode_calls():
                     num_splits=splits))
 
 
+def persistent_forward_calls():
+    """Fixed-length, non-causal forwards with more 128-row query tiles than an H200 has SMs (132),
+    so that the sm90 forward's persistent CTAs each walk two or three tiles (the Q buffer and the
+    K/V stages handed on from tile to tile; the last tile of each sequence ends mid-tile), with
+    and without the pingpong turns (FLASH_CUDA_SM90=pingpong)."""
+    b, s, h, d = 2, 300, 48, 128  # 3 tiles x 2 x 48 = 288 tiles
+    q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)
+    for mode in ("1", "pingpong"):
+        with environment(FLASH_CUDA_SM90=mode):
+            run(f"persistent forward d{d} b{b} s{s} h{h} FLASH_CUDA_SM90={mode}",
+                lambda: flash_cuda.flash_attn_func(q, k, v))
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    decode_calls()
-    unchecked_decode_calls()
-    ring_decode_calls()
-    overlap_decode_calls()
-    head_group_decode_calls()
-    prefill_calls()
+    sections = (decode_calls, unchecked_decode_calls, ring_decode_calls, overlap_decode_calls,
+                head_group_decode_calls, prefill_calls, persistent_forward_calls)
+    # --only NAME[,NAME...]: those sections alone (e.g. on a build of a few head dims).
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    for section in sections:
+        if only is None or section.__name__ in only:
+            section()
     print("ok")

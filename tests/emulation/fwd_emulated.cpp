@@ -97,7 +97,12 @@ bool run_sm90_traits(FwdParams& params) {
         std::exit(2);
     }
     std::printf("emulator: sm90 forward%s\n", Traits::kPingpong ? " (pingpong)" : "");
-    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.b, params.h);
+    // A persistent grid of 3 CTAs (EMU_NUM_SMS) for every call, whatever the launcher's rule
+    // (fwd_sm90_ctas: one CTA per tile unless the tiles are equal): the CTAs walk several
+    // tiles, so the barrier rounds across tiles, causal, windows and varlen included, run here.
+    const char* sms = std::getenv("EMU_NUM_SMS");
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(
+        s90::fwd_sm90_tiles(params), sms != nullptr ? std::atoi(sms) : 3)));
     const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);  // as the launcher
     flash_cuda::with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {

@@ -4,7 +4,7 @@
 // variant also makes the two consumer warpgroups take turns issuing their GEMMs (below). No TMA
 // store.
 //
-// One CTA = kBlockM = 128 query rows of one (batch, head), 3 warpgroups (384 threads):
+// One tile = kBlockM = 128 query rows of one (batch, head); a CTA, 3 warpgroups (384 threads):
 //   warpgroup 0, the producer (registers lowered to 24): one thread issues the TMA copies --
 //     Q once (kSlabs boxes of 128 rows x 64 columns), then for key blocks n = last .. first the
 //     K and V tiles (kSlabs boxes of kBlockN rows x 64 columns each) into kStages buffers, each
@@ -15,7 +15,8 @@
 //       S = Q K^T      wgmma m64 n kBlockN k16, both operands K-major from shared memory (SS)
 //       softcap / ALiBi / mask, online softmax on the accumulators (the per-warp layout is the
 //       mma.m16n8 C layout of the sm80 kernels: mask.cuh and softmax.cuh apply as they are)
-//       l += P 1       mma.sync with a ones fragment (softmax.cuh: l of the 16-bit P)
+//       l += P         FADDs of the 16-bit P per thread (add_p_row_sums), quad-reduced at the
+//                      epilogue
 //       O += P V       wgmma m64 n HeadDim k16, P from registers (the S accumulators converted
 //                      to A fragments in place), V MN-major from shared memory (RS)
 //   Epilogue: O / l straight from the accumulators to global (4-byte stores), lse per row.
@@ -33,7 +34,11 @@
 // Not here (the launcher keeps these on the sm80 kernels): dropout, KV caches (paged,
 // cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other than 64 / 128 /
 // 256.
-// Grid (ceil(max seqlen_q / kBlockM), b, h).
+// Persistent: each CTA walks the tiles blockIdx.x, + gridDim.x, ... in the order of a grid
+// (m blocks, b, h) (FwdTile); a CTA's barriers run on from one tile to the next, so its producer
+// loads the next tile's Q and first K / V under the last block and the epilogue of the current
+// one. The launcher (fwd_sm90_host.h fwd_sm90_ctas) starts one CTA per SM where every tile has
+// the same key blocks (fixed length, not causal, no window), else one CTA per tile.
 #pragma once
 
 #include <cuda.h>
@@ -78,12 +83,12 @@ struct FwdSm90Traits {
     static constexpr int kSmemKOffset = kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
     static constexpr int kSmemBarOffset = kSmemVOffset + kStages * kKVTileBytes;
-    // mbarriers: full Q, then per stage full K, full V, empty K, empty V.
-    static constexpr int kNumBarriers = 1 + 4 * kStages;
+    // mbarriers: full Q, then per stage full K, full V, empty K, empty V; last empty Q.
+    static constexpr int kNumBarriers = 2 + 4 * kStages;
     // The tiles need 1024-byte alignment; the dynamic shared memory is only 128-byte aligned.
     static constexpr int kSmemBytes = 1024 + kSmemBarOffset + 8 * kNumBarriers;
 
-    // The geometry the sm80 helpers (warp_gemm.cuh: P -> A fragments, P 1) see: one 16-row
+    // The geometry the sm80 helpers (warp_gemm.cuh: P -> A fragments) see: one 16-row
     // slice per warp, kBlockN keys.
     struct PTile {
         static constexpr int kMTiles = 1;
@@ -133,6 +138,27 @@ struct Sm90Smem {
     __device__ __forceinline__ uint32_t empty_v(int stage) const {
         return bar + 8 * (1 + 3 * Traits::kStages + stage);
     }
+    __device__ __forceinline__ uint32_t empty_q() const {
+        return bar + 8 * (1 + 4 * Traits::kStages);
+    }
+};
+
+// One tile of the persistent schedule (fwd_sm90_host.h fwd_sm90_ctas): tile t = blockIdx.x,
+// blockIdx.x + gridDim.x, ... is query block t % num_m_blocks of batch (t / num_m_blocks) % b and
+// head t / (num_m_blocks b), the order of a grid (m blocks, b, h), so that the CTAs running
+// together share a head's K / V in L2. Causal: the m blocks last to first (longest first).
+struct FwdTile {
+    int m_block, batch, head;
+    __device__ __forceinline__ static FwdTile make(int t, int num_m_blocks, int batches,
+                                                   bool causal) {
+        FwdTile tile;
+        const int m_index = t % num_m_blocks;
+        const int rest = t / num_m_blocks;
+        tile.m_block = causal ? num_m_blocks - 1 - m_index : m_index;
+        tile.batch = rest % batches;
+        tile.head = rest / batches;
+        return tile;
+    }
 };
 
 // The tile's rows in the tensor maps: row and batch coordinates of the first query row / key 0.
@@ -152,6 +178,31 @@ struct MapRows {
         return r;
     }
 };
+
+// row_sum[0][half] += this thread's share of row g (half 0) / g + 8 (half 1) of P, as rounded
+// to 16 bits for P V (p_frag: the A fragments of P; registers 0 / 2 hold row g, 1 / 3 row
+// g + 8): FADDs of the unpacked values, four partial sums per row. The sums stay per thread
+// through the key loop (the rescale is linear); quad_allreduce_sum makes them whole rows before
+// the epilogue. The same rounded P as sm80::warp_gemm_p_rowsum's P * ones, without its chain of
+// dependent mma.sync before the next block's wgmma is issued.
+template <typename Element, int kKSteps>
+__device__ __forceinline__ void add_p_row_sums(float (&row_sum)[1][2],
+                                               const uint32_t (&p_frag)[1][kKSteps][4]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+            const float2 lo = ptx::unpack_float2<Element>(p_frag[0][kk][half]);
+            const float2 hi = ptx::unpack_float2<Element>(p_frag[0][kk][2 + half]);
+            part[0] += lo.x;
+            part[1] += lo.y;
+            part[2] += hi.x;
+            part[3] += hi.y;
+        }
+        row_sum[0][half] += (part[0] + part[1]) + (part[2] + part[3]);
+    }
+}
 
 template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
@@ -173,43 +224,39 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const Sm90Smem<Traits> smem = Sm90Smem<Traits>::make();
     const int tid = threadIdx.x;
-    const int num_m_blocks = gridDim.x;
-    // Causal: the last query blocks have the most keys; start them first.
-    const int m_block = Causal ? num_m_blocks - 1 - static_cast<int>(blockIdx.x) : blockIdx.x;
-    const int batch = blockIdx.y;
-    const int head = blockIdx.z;
-    const int m0 = m_block * kBlockM;
+    const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
+    const int num_tiles = num_m_blocks * params.b * params.h;
 
-    const sm80::SequenceInfo seq = sm80::SequenceInfo::make(params, batch);
-    if (m0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than the grid
-    const int valid_q_rows = min(kBlockM, seq.seqlen_q - m0);
-
-    AttentionMask mask;
-    mask.seqlen_k = seq.seqlen_k;
-    mask.diag = seq.seqlen_k - seq.seqlen_q;
-    mask.window_left = params.window_size_left;
-    mask.window_right = Causal ? 0 : params.window_size_right;
-    const int keys_begin = max(0, mask.key_begin(m0));
-    const int keys_end = mask.key_end(m0 + valid_q_rows - 1);
-    const int n_block_min = keys_begin / kBlockN;
-    const int n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
-    const int n_iters = n_block_max - n_block_min;
-
-    if (n_iters <= 0) {  // no visible key for any row of the tile: out = 0, lse = +inf
-        const sm80::OutputTile<Element> out =
-            sm80::OutputTile<Element>::make(params, seq, batch, head, m0, kBlockM);
-        for (int i = tid; i < out.valid_rows * params.d; i += Traits::kNThreads) {
-            const int row = i / params.d, col = i - row * params.d;
-            out.o[static_cast<int64_t>(row) * params.o_row_stride + col] = Element(0.f);
-        }
-        for (int row = tid; row < out.valid_rows; row += Traits::kNThreads) {
-            out.lse[row] = INFINITY;
-        }
-        return;
-    }
+    // A tile's query rows and key blocks (both roles compute them; the producer's registers are
+    // few, so it keeps only what it needs).
+    struct TileWork {
+        FwdTile tile;
+        sm80::SequenceInfo seq;
+        AttentionMask mask;
+        int m0, valid_q_rows, n_block_min, n_block_max;
+        __device__ __forceinline__ bool has_rows() const { return m0 < seq.seqlen_q; }
+        __device__ __forceinline__ int n_iters() const { return n_block_max - n_block_min; }
+    };
+    auto tile_work = [&](int t) {
+        TileWork w;
+        w.tile = FwdTile::make(t, num_m_blocks, params.b, Causal);
+        w.seq = sm80::SequenceInfo::make(params, w.tile.batch);
+        w.m0 = w.tile.m_block * kBlockM;
+        w.valid_q_rows = min(kBlockM, w.seq.seqlen_q - w.m0);
+        w.mask.seqlen_k = w.seq.seqlen_k;
+        w.mask.diag = w.seq.seqlen_k - w.seq.seqlen_q;
+        w.mask.window_left = params.window_size_left;
+        w.mask.window_right = Causal ? 0 : params.window_size_right;
+        const int keys_begin = max(0, w.mask.key_begin(w.m0));
+        const int keys_end = w.mask.key_end(w.m0 + w.valid_q_rows - 1);
+        w.n_block_min = keys_begin / kBlockN;
+        w.n_block_max = keys_end > keys_begin ? (keys_end + kBlockN - 1) / kBlockN : 0;
+        return w;
+    };
 
     if (tid == 0) {
         ptx90::mbarrier_init(smem.full_q(), 1);
+        ptx90::mbarrier_init(smem.empty_q(), Traits::kConsumerThreads);
         for (int s = 0; s < kStages; ++s) {
             ptx90::mbarrier_init(smem.full_k(s), 1);
             ptx90::mbarrier_init(smem.full_v(s), 1);
@@ -220,36 +267,52 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
     __syncthreads();  // the last CTA-wide barrier: the warpgroups go their own ways from here
 
+    // Both roles walk the same tiles and skip the same ones (no rows, or no visible key), and
+    // count what they pass through the barriers: `q_round` Q tiles, `kv_base` K / V blocks
+    // (block g of the CTA uses stage g % kStages in round g / kStages).
     const int warpgroup = tid / 128;
     if (warpgroup == 0) {
         // ---- Producer.
         ptx90::setmaxnreg_dec<24>();
         if (tid != 0) return;
-        const MapRows rows = MapRows::make(params, batch, m0);
-        const int kv_head = head / params.h_h_k_ratio;
-        ptx90::mbarrier_arrive_expect_tx(smem.full_q(), Traits::kQBytes);
-        for (int slab = 0; slab < kSlabs; ++slab) {
-            ptx90::tma_load_4d(smem.q + slab * Traits::kQSlabBytes, &q_map, 64 * slab, rows.q_row,
-                               head, rows.batch, smem.full_q());
-        }
-        for (int it = 0; it < n_iters; ++it) {
-            const int stage = it % kStages;
-            const uint32_t phase = (it / kStages) & 1;
-            const int key0 = rows.k_row + (n_block_max - 1 - it) * kBlockN;
-            const uint32_t stage_offset = stage * Traits::kKVTileBytes;
-            // The consumers released this buffer's previous block (first round: passes at once).
-            wait_phase(smem.empty_k(stage), phase ^ 1);
-            ptx90::mbarrier_arrive_expect_tx(smem.full_k(stage), Traits::kKVTileBytes);
+        int q_round = 0, kv_base = 0;
+        for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+            const TileWork w = tile_work(t);
+            const int n_iters = w.n_iters();
+            if (!w.has_rows() || n_iters <= 0) continue;
+            const MapRows rows = MapRows::make(params, w.tile.batch, w.m0);
+            const int kv_head = w.tile.head / params.h_h_k_ratio;
+            // The consumers are done with the previous tile's Q (first tile: passes at once).
+            wait_phase(smem.empty_q(), (q_round & 1) ^ 1);
+            ptx90::mbarrier_arrive_expect_tx(smem.full_q(), Traits::kQBytes);
             for (int slab = 0; slab < kSlabs; ++slab) {
-                ptx90::tma_load_4d(smem.k + stage_offset + slab * Traits::kKVSlabBytes, &k_map,
-                                   64 * slab, key0, kv_head, rows.batch, smem.full_k(stage));
+                ptx90::tma_load_4d(smem.q + slab * Traits::kQSlabBytes, &q_map, 64 * slab,
+                                   rows.q_row, w.tile.head, rows.batch, smem.full_q());
             }
-            wait_phase(smem.empty_v(stage), phase ^ 1);
-            ptx90::mbarrier_arrive_expect_tx(smem.full_v(stage), Traits::kKVTileBytes);
-            for (int slab = 0; slab < kSlabs; ++slab) {
-                ptx90::tma_load_4d(smem.v + stage_offset + slab * Traits::kKVSlabBytes, &v_map,
-                                   64 * slab, key0, kv_head, rows.batch, smem.full_v(stage));
+            ++q_round;
+            for (int it = 0; it < n_iters; ++it) {
+                const int g = kv_base + it;
+                const int stage = g % kStages;
+                const uint32_t phase = (g / kStages) & 1;
+                const int key0 = rows.k_row + (w.n_block_max - 1 - it) * kBlockN;
+                const uint32_t stage_offset = stage * Traits::kKVTileBytes;
+                // The consumers released this buffer's previous block (first round: at once).
+                wait_phase(smem.empty_k(stage), phase ^ 1);
+                ptx90::mbarrier_arrive_expect_tx(smem.full_k(stage), Traits::kKVTileBytes);
+                for (int slab = 0; slab < kSlabs; ++slab) {
+                    ptx90::tma_load_4d(smem.k + stage_offset + slab * Traits::kKVSlabBytes,
+                                       &k_map, 64 * slab, key0, kv_head, rows.batch,
+                                       smem.full_k(stage));
+                }
+                wait_phase(smem.empty_v(stage), phase ^ 1);
+                ptx90::mbarrier_arrive_expect_tx(smem.full_v(stage), Traits::kKVTileBytes);
+                for (int slab = 0; slab < kSlabs; ++slab) {
+                    ptx90::tma_load_4d(smem.v + stage_offset + slab * Traits::kKVSlabBytes,
+                                       &v_map, 64 * slab, key0, kv_head, rows.batch,
+                                       smem.full_v(stage));
+                }
             }
+            kv_base += n_iters;
         }
         return;
     }
@@ -266,163 +329,205 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const float log2_scale =
         HasAlibi ? static_cast<float>(M_LOG2E)
                  : (HasSoftcap ? params.softcap_log2 : params.scale_softmax_log2);
-    const float alibi_slope =
-        HasAlibi && params.alibi_slopes_ptr != nullptr
-            ? reinterpret_cast<const float*>(params.alibi_slopes_ptr)
-                  [batch * params.alibi_slopes_batch_stride + head]
-            : 0.f;
-    const KeyRange key_range = KeyRange::make(mask);
-    // Key blocks inside every tile row's visible range need no mask.
-    const int unmasked_keys_end = mask.key_end(m0);
-    const int unmasked_keys_begin = mask.key_begin(m0 + kBlockM - 1);
 
     float acc_o[Traits::kHeadDim / 2];  // O (64 x HeadDim) of the warpgroup, wgmma layout
     float acc_s[kBlockN / 2];           // S (64 x kBlockN)
-#pragma unroll
-    for (int i = 0; i < Traits::kHeadDim / 2; ++i) acc_o[i] = 0.f;
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) acc_s[i] = 0.f;
     // The same registers in the sm80 fragment shape [1][N / 8][4] (mask.cuh, softmax.cuh).
     auto& s_frag = *reinterpret_cast<float(*)[1][kBlockN / 8][4]>(&acc_s);
     auto& o_frag = *reinterpret_cast<float(*)[1][Traits::kHeadDim / 8][4]>(&acc_o);
-    OnlineSoftmax<1> softmax;
-    softmax.init();
-
-    const uint32_t q_rows = smem.q + 64 * c * 128;  // this warpgroup's 64 rows of each Q slab
-    // S = Q K^T of iteration `it` into acc_s (issued, committed, not waited for). K-major
-    // operands: k16 step ks reads 32 bytes into every 128-byte row of slab ks / 4.
-    auto issue_qk = [&](int it) {
-        const uint32_t k_tile = smem.k + (it % kStages) * Traits::kKVTileBytes;
-        // Opaque: the Q descriptors are rebuilt per block, not hoisted out of the loop into
-        // registers (at d256 they would take 32 of them).
-        const uint32_t q_base = ptx::opaque(q_rows);
-        ptx90::fence_operand(acc_s);
-        ptx90::wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
-            const uint32_t offset = 32 * (ks % 4);
-            const uint64_t desc_q =
-                ptx90::make_smem_desc_sw128(q_base + (ks / 4) * Traits::kQSlabBytes + offset);
-            const uint64_t desc_k =
-                ptx90::make_smem_desc_sw128(k_tile + (ks / 4) * Traits::kKVSlabBytes + offset);
-            ptx90::wgmma_ss<kBlockN, Element>(acc_s, desc_q, desc_k, ks > 0);
-        }
-        ptx90::wgmma_commit();
-    };
-    // O += P V of iteration `it` (issued, committed, not waited for): V MN-major, k16 step kk =
-    // 16 keys = two 1024-byte atoms of every slab; the slabs (64 columns each) are kKVSlabBytes
-    // apart (the leading byte offset).
     uint32_t p_frag[1][kBlockN / 16][4];
-    auto issue_pv = [&](int it) {
-        const uint32_t v_tile = smem.v + (it % kStages) * Traits::kKVTileBytes;
-        ptx90::fence_operand(acc_o);
-        ptx90::fence_operand(p_frag);
-        ptx90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            const uint64_t desc_v =
-                ptx90::make_smem_desc_sw128(v_tile + 2048 * kk, Traits::kKVSlabBytes);
-            ptx90::wgmma_rs<Traits::kHeadDim, Element, true>(acc_o, p_frag[0][kk], desc_v, true);
-        }
-        ptx90::wgmma_commit();
-    };
-    // Softcap, ALiBi and the mask on the scores of iteration `it`.
-    auto transform_scores = [&](int it) {
-        const int n_block = n_block_max - 1 - it;
-        if constexpr (HasSoftcap) apply_softcap(s_frag, softcap_pre_scale);
-        const int frag_row0 = m0 + warp_row0 + lane / 4;
-        const int frag_col0 = n_block * kBlockN + 2 * (lane % 4);
-        if constexpr (HasAlibi) {
-            apply_alibi(s_frag, score_scale, alibi_slope, frag_row0 + mask.diag, frag_col0);
-        }
-        const bool block_needs_mask = (n_block + 1) * kBlockN > unmasked_keys_end ||
-                                      n_block * kBlockN < unmasked_keys_begin;
-        if (block_needs_mask) apply_mask(s_frag, key_range, frag_row0, frag_col0);
-    };
-    auto phase_of = [&](int it) { return static_cast<uint32_t>((it / kStages) & 1); };
+    const uint32_t q_rows = smem.q + 64 * c * 128;  // this warpgroup's 64 rows of each Q slab
 
-    wait_phase(smem.full_q(), 0);
-    // Overlap inside the warpgroup (DESIGN.md section 6): S of the next block and P V of this
-    // one are issued back to back, and only S is waited for, so the next block's mask and
-    // exponentials run while the tensor cores still accumulate P V. O is rescaled once that
-    // P V has landed. P's A fragments stay untouched until then.
-    // The last block is peeled off (no next S), so the loop body is one straight-line
-    // wgmma pipeline: ptxas serialises the wgmma (C7514) where a data-dependent branch
-    // leaves it unsure which group a wait retires.
     // Pingpong: each batch of GEMMs (the first S; then each step's next S and P V) is issued
     // between bar.sync on this warpgroup's barrier (1 + c) and bar.arrive on the other's, so the
     // warpgroups issue in turn, warpgroup 0 first (warpgroup 1's arrival before its first
-    // batch). Both have n_iters + 1 batches; warpgroup 1 skips its last arrival, so every
-    // barrier phase gets exactly its 256 threads.
+    // batch), tile after tile (n_iters + 1 batches each). A warpgroup's arrivals on a barrier
+    // thus alternate with its syncs on the other one, so no warp arrives twice in one phase;
+    // warpgroup 0's one more sync after the last tile takes warpgroup 1's last arrival, so
+    // every barrier phase gets exactly its 256 threads.
     auto my_turn = [&] {
         if constexpr (Traits::kPingpong) ptx90::named_barrier_sync(1 + c, 256);
     };
     auto their_turn = [&] {
         if constexpr (Traits::kPingpong) ptx90::named_barrier_arrive(2 - c, 256);
     };
+
     if constexpr (Traits::kPingpong) {
         if (c == 1) ptx90::named_barrier_arrive(1, 256);  // warpgroup 0 goes first
     }
-    wait_phase(smem.full_k(0), 0);
-    my_turn();
-    issue_qk(0);
-    their_turn();
-    ptx90::wgmma_wait<0>();
-    ptx90::fence_operand(acc_s);
-    ptx90::mbarrier_arrive(smem.empty_k(0));
-    auto step = [&](int it, auto has_next) {
-        const int stage = it % kStages;
-        transform_scores(it);
-        float o_scale[1][2];
-        softmax.update_scores(s_frag, log2_scale, o_scale);
-        // P V of the previous block has landed (none pending at it = 0): O is final for
-        // the rescale, p_frag free, the previous V buffer released.
+    int q_round = 0, kv_base = 0;
+    for (int tile_index = blockIdx.x; tile_index < num_tiles; tile_index += gridDim.x) {
+        const TileWork w = tile_work(tile_index);
+        if (!w.has_rows()) continue;  // varlen: this sequence is shorter than the grid
+        const int batch = w.tile.batch, head = w.tile.head, m0 = w.m0;
+        const int n_block_max = w.n_block_max;
+        const int n_iters = w.n_iters();
+        const sm80::OutputTile<Element> out =
+            sm80::OutputTile<Element>::make(params, w.seq, batch, head, m0, kBlockM);
+        if (n_iters <= 0) {  // no visible key for any row of the tile: out = 0, lse = +inf
+            for (int i = tid - 128; i < out.valid_rows * params.d; i += Traits::kConsumerThreads) {
+                const int row = i / params.d, col = i - row * params.d;
+                out.o[static_cast<int64_t>(row) * params.o_row_stride + col] = Element(0.f);
+            }
+            for (int row = tid - 128; row < out.valid_rows; row += Traits::kConsumerThreads) {
+                out.lse[row] = INFINITY;
+            }
+            continue;
+        }
+
+        const float alibi_slope =
+            HasAlibi && params.alibi_slopes_ptr != nullptr
+                ? reinterpret_cast<const float*>(params.alibi_slopes_ptr)
+                      [batch * params.alibi_slopes_batch_stride + head]
+                : 0.f;
+        const KeyRange key_range = KeyRange::make(w.mask);
+        // Key blocks inside every tile row's visible range need no mask.
+        const int unmasked_keys_end = w.mask.key_end(m0);
+        const int unmasked_keys_begin = w.mask.key_begin(m0 + kBlockM - 1);
+
+#pragma unroll
+        for (int i = 0; i < Traits::kHeadDim / 2; ++i) acc_o[i] = 0.f;
+        OnlineSoftmax<1> softmax;
+        softmax.init();
+
+        // Block `it` of this tile is the CTA's block kv_base + it: its stage and phase.
+        auto stage_of = [&](int it) { return (kv_base + it) % kStages; };
+        auto phase_of = [&](int it) {
+            return static_cast<uint32_t>(((kv_base + it) / kStages) & 1);
+        };
+        // S = Q K^T of iteration `it` into acc_s (issued, committed, not waited for). K-major
+        // operands: k16 step ks reads 32 bytes into every 128-byte row of slab ks / 4.
+        auto issue_qk = [&](int it) {
+            const uint32_t k_tile = smem.k + stage_of(it) * Traits::kKVTileBytes;
+            // Opaque: the Q descriptors are rebuilt per block, not hoisted out of the loop into
+            // registers (at d256 they would take 32 of them).
+            const uint32_t q_base = ptx::opaque(q_rows);
+            ptx90::fence_operand(acc_s);
+            ptx90::wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
+                const uint32_t offset = 32 * (ks % 4);
+                const uint64_t desc_q =
+                    ptx90::make_smem_desc_sw128(q_base + (ks / 4) * Traits::kQSlabBytes + offset);
+                const uint64_t desc_k = ptx90::make_smem_desc_sw128(
+                    k_tile + (ks / 4) * Traits::kKVSlabBytes + offset);
+                ptx90::wgmma_ss<kBlockN, Element>(acc_s, desc_q, desc_k, ks > 0);
+            }
+            ptx90::wgmma_commit();
+        };
+        // O += P V of iteration `it` (issued, committed, not waited for): V MN-major, k16 step
+        // kk = 16 keys = two 1024-byte atoms of every slab; the slabs (64 columns each) are
+        // kKVSlabBytes apart (the leading byte offset).
+        auto issue_pv = [&](int it) {
+            const uint32_t v_tile = smem.v + stage_of(it) * Traits::kKVTileBytes;
+            ptx90::fence_operand(acc_o);
+            ptx90::fence_operand(p_frag);
+            ptx90::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk) {
+                const uint64_t desc_v =
+                    ptx90::make_smem_desc_sw128(v_tile + 2048 * kk, Traits::kKVSlabBytes);
+                ptx90::wgmma_rs<Traits::kHeadDim, Element, true>(acc_o, p_frag[0][kk], desc_v,
+                                                                 true);
+            }
+            ptx90::wgmma_commit();
+        };
+        // Softcap, ALiBi and the mask on the scores of iteration `it`.
+        auto transform_scores = [&](int it) {
+            const int n_block = n_block_max - 1 - it;
+            if constexpr (HasSoftcap) apply_softcap(s_frag, softcap_pre_scale);
+            const int frag_row0 = m0 + warp_row0 + lane / 4;
+            const int frag_col0 = n_block * kBlockN + 2 * (lane % 4);
+            if constexpr (HasAlibi) {
+                apply_alibi(s_frag, score_scale, alibi_slope, frag_row0 + w.mask.diag, frag_col0);
+            }
+            const bool block_needs_mask = (n_block + 1) * kBlockN > unmasked_keys_end ||
+                                          n_block * kBlockN < unmasked_keys_begin;
+            if (block_needs_mask) apply_mask(s_frag, key_range, frag_row0, frag_col0);
+        };
+
+        wait_phase(smem.full_q(), q_round & 1);
+        // Overlap inside the warpgroup (DESIGN.md section 6): S of the next block and P V of this
+        // one are issued back to back, and only S is waited for, so the next block's mask and
+        // exponentials run while the tensor cores still accumulate P V. O is rescaled once that
+        // P V has landed. P's A fragments stay untouched until then.
+        // The last block is peeled off (no next S), so the loop body is one straight-line
+        // wgmma pipeline: ptxas serialises the wgmma (C7514) where a data-dependent branch
+        // leaves it unsure which group a wait retires.
+        // Q is released (empty_q) once the tile's last S has landed, so that the producer loads
+        // the next tile's Q under this tile's last block and epilogue.
+        wait_phase(smem.full_k(stage_of(0)), phase_of(0));
+        my_turn();
+        issue_qk(0);
+        their_turn();
+        ptx90::wgmma_wait<0>();
+        ptx90::fence_operand(acc_s);
+        ptx90::mbarrier_arrive(smem.empty_k(stage_of(0)));
+        if (n_iters == 1) ptx90::mbarrier_arrive(smem.empty_q());
+        auto step = [&](int it, auto has_next) {
+            transform_scores(it);
+            float o_scale[1][2];
+            softmax.update_scores(s_frag, log2_scale, o_scale);
+            // P V of the previous block has landed (none pending at it = 0): O is final for
+            // the rescale, p_frag free, the previous V buffer released.
+            ptx90::wgmma_wait<0>();
+            ptx90::fence_operand(acc_o);
+            ptx90::fence_operand(p_frag);
+            if (it > 0) ptx90::mbarrier_arrive(smem.empty_v(stage_of(it - 1)));
+            OnlineSoftmax<1>::rescale(o_frag, o_scale);
+            sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+            add_p_row_sums<Element>(softmax.row_sum, p_frag);
+            my_turn();
+            if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
+                wait_phase(smem.full_k(stage_of(it + 1)), phase_of(it + 1));
+                issue_qk(it + 1);
+            }
+            wait_phase(smem.full_v(stage_of(it)), phase_of(it));
+            issue_pv(it);
+            if constexpr (decltype(has_next)::value) {
+                their_turn();
+                ptx90::wgmma_wait<1>();  // S of the next block (the older group) is complete
+                ptx90::fence_operand(acc_s);
+                ptx90::mbarrier_arrive(smem.empty_k(stage_of(it + 1)));
+                if (it + 2 == n_iters) ptx90::mbarrier_arrive(smem.empty_q());  // the last S
+            } else {
+                their_turn();
+            }
+        };
+        for (int it = 0; it + 1 < n_iters; ++it) step(it, std::true_type{});
+        step(n_iters - 1, std::false_type{});
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_o);
-        ptx90::fence_operand(p_frag);
-        if (it > 0) ptx90::mbarrier_arrive(smem.empty_v((it - 1) % kStages));
-        OnlineSoftmax<1>::rescale(o_frag, o_scale);
-        sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
-        sm80::warp_gemm_p_rowsum<Element, PTile>(softmax.row_sum, p_frag);
-        my_turn();
-        if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
-            wait_phase(smem.full_k((it + 1) % kStages), phase_of(it + 1));
-            issue_qk(it + 1);
-        }
-        wait_phase(smem.full_v(stage), phase_of(it));
-        issue_pv(it);
-        if constexpr (decltype(has_next)::value) {
-            their_turn();
-            ptx90::wgmma_wait<1>();  // S of the next block (the older group) is complete
-            ptx90::fence_operand(acc_s);
-            ptx90::mbarrier_arrive(smem.empty_k((it + 1) % kStages));
-        } else if constexpr (Traits::kPingpong) {
-            if (c == 0) their_turn();  // warpgroup 1's last batch: nobody waits for it
-        }
-    };
-    for (int it = 0; it + 1 < n_iters; ++it) step(it, std::true_type{});
-    step(n_iters - 1, std::false_type{});
-    ptx90::wgmma_wait<0>();
-    ptx90::fence_operand(acc_o);
-    ptx90::mbarrier_arrive(smem.empty_v((n_iters - 1) % kStages));
+        ptx90::mbarrier_arrive(smem.empty_v(stage_of(n_iters - 1)));
+        kv_base += n_iters;
+        ++q_round;
 
-    // ---- Epilogue: O / l and lse straight from the registers.
-    float lse[1][2];
-    softmax.finalize(o_frag, lse, log2_scale);
-    const sm80::OutputTile<Element> out =
-        sm80::OutputTile<Element>::make(params, seq, batch, head, m0, kBlockM);
+        // ---- Epilogue: O / l and lse straight from the registers (l: the quad's partial sums).
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
-        if (row >= out.valid_rows) continue;
-        if (lane % 4 == 0) out.lse[row] = lse[0][half];
-        Element* o_row = out.o + static_cast<int64_t>(row) * params.o_row_stride + 2 * (lane % 4);
-#pragma unroll
-        for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
-            const uint32_t pair =
-                ptx::pack_float2<Element>(o_frag[0][dt][2 * half], o_frag[0][dt][2 * half + 1]);
-            *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = pair;
+        for (int half = 0; half < 2; ++half) {
+            softmax.row_sum[0][half] = quad_allreduce_sum(softmax.row_sum[0][half]);
         }
+        float lse[1][2];
+        softmax.finalize(o_frag, lse, log2_scale);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
+            if (row >= out.valid_rows) continue;
+            if (lane % 4 == 0) out.lse[row] = lse[0][half];
+            Element* o_row =
+                out.o + static_cast<int64_t>(row) * params.o_row_stride + 2 * (lane % 4);
+#pragma unroll
+            for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
+                const uint32_t pair = ptx::pack_float2<Element>(o_frag[0][dt][2 * half],
+                                                                o_frag[0][dt][2 * half + 1]);
+                *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = pair;
+            }
+        }
+    }
+    if constexpr (Traits::kPingpong) {
+        if (c == 0) ptx90::named_barrier_sync(1, 256);  // warpgroup 1's last arrival
     }
 #endif  // sm_90a
 }

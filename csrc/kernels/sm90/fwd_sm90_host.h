@@ -5,6 +5,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/params.h"
@@ -15,6 +16,12 @@ namespace sm90 {
 
 // Head dims with an sm90 forward kernel.
 constexpr bool fwd_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
+
+// Query tiles of a forward call: 128-row blocks of the (max) query length x batch x heads.
+inline int64_t fwd_sm90_tiles(const FwdParams& p) {
+    constexpr int kBlockM = 128;  // FwdSm90Traits::kBlockM
+    return (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.b * p.h;
+}
 
 // Whether the sm90 forward kernel handles the call: head dim 64, 128 or 256 exactly (the TMA boxes
 // are 64 columns wide), no dropout, no KV-cache features (paged, cache_batch_idx, leftpad,
@@ -28,7 +35,25 @@ inline bool fwd_supports(const FwdParams& p) {
                           p.leftpad_k != nullptr || p.seqused_k != nullptr || p.knew_ptr != nullptr;
     return fwd_head_dim_supported(p.d) && p.d == p.d_rounded && p.p_keep >= 1.f && has_keys &&
            !kv_cache && p.num_splits <= 1 && p.gqa_pack <= 1 && p.seqlen_q > 64 &&
-           p.b <= 65535 && p.h <= 65535 && p.is_seqlens_k_cumulative;
+           fwd_sm90_tiles(p) < (int64_t{1} << 31) && p.is_seqlens_k_cumulative;
+}
+
+// Whether every tile of the call has the same key blocks: fixed-length, neither causal nor a
+// window. Then a static walk of the tiles (fwd_sm90.cuh FwdTile) balances the CTAs.
+inline bool fwd_sm90_equal_tiles(const FwdParams& p) {
+    return !p.is_causal && p.window_size_left < 0 && p.window_size_right < 0 &&
+           p.cu_seqlens_q == nullptr;
+}
+
+// The kernel's CTAs; each walks the tiles blockIdx.x, + gridDim.x, ... (fwd_sm90.cuh). Equal
+// tiles: persistent, one CTA per SM (a CTA needs all of an SM's shared memory) and at most one
+// per tile. Otherwise one CTA per tile, which the hardware hands to the SMs as they free up: a
+// static walk would give some CTAs twice the work of others (causal: the tiles' lengths cycle
+// with the query block).
+inline int fwd_sm90_ctas(const FwdParams& p, int num_sms) {
+    const int64_t tiles = fwd_sm90_tiles(p);
+    return static_cast<int>(
+        std::max<int64_t>(1, fwd_sm90_equal_tiles(p) ? std::min<int64_t>(tiles, num_sms) : tiles));
 }
 
 // The rank-4 map (column, row, head, batch) of a (b, rows, heads, d) tensor or, varlen, of a

@@ -25,7 +25,13 @@ void launch_fwd_sm90_kernel(const FwdParams& params, const FwdTensorMaps& maps,
                             cudaStream_t stream) {
     auto kernel = &mha_fwd_sm90_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap>;
     reserve_dynamic_smem(kernel, Traits::kSmemBytes, "sm90 forward kernel");
-    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.b, params.h);
+    static_assert(Traits::kBlockM == 128, "fwd_sm90_tiles counts 128-row tiles");
+    int device = 0, num_sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        throw std::runtime_error("flash_cuda: cannot read the GPU's SM count (sm90 forward)");
+    }
+    const dim3 grid(fwd_sm90_ctas(params, num_sms));
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, maps.q, maps.k,
                                                                      maps.v);
     FLASH_CUDA_CHECK_LAUNCH();
