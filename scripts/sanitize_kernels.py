@@ -233,6 +233,9 @@ if __name__ == "__main__":
                 head_group_decode_calls, prefill_calls, persistent_forward_calls)
     # --only NAME[,NAME...]: those sections alone (e.g. on a build of a few head dims).
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    unknown = set(only or ()) - {section.__name__ for section in sections}
+    if unknown:
+        sys.exit(f"--only: no section named {', '.join(sorted(unknown))}")
     for section in sections:
         if only is None or section.__name__ in only:
             section()

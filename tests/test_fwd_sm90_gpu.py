@@ -83,8 +83,8 @@ def test_persistent_tiles_sm90(feature, d):
     tiles (Q, the K / V stages and their barrier phases handed on from tile to tile; the last
     tile of every sequence ends mid-tile), GQA, against the oracle."""
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    b, sq, sk, h, hk = 2, 300, 333, 8, 2
-    h = h * max(1, -(-2 * n_sms // (3 * b * h)) + 1)  # > 2 tiles per SM
+    b, sq, sk, hk = 2, 300, 333, 2  # 3 tiles per (batch, head), the last one ragged
+    h = 8 * (2 * n_sms // (3 * b * 8) + 1)  # GQA 4+, more than 2 tiles per SM
     assert 3 * b * h > 2 * n_sms
     q, k, v = base.make_qkv(b, sq, sk, h, hk, d, torch.bfloat16)
     opts = {"softcap": 10.0} if feature == "softcap" else {}
