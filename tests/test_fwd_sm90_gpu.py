@@ -76,19 +76,30 @@ def test_many_key_blocks_sm90(sk, d):
     base.assert_close_to_oracle(out, lse, q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("feature", ("plain", "softcap", "alibi"))
+@pytest.mark.parametrize("feature", ("plain", "softcap", "alibi", "causal", "causal_odd", "window"))
 @pytest.mark.parametrize("d", HEAD_DIMS)
-def test_persistent_tiles_sm90(feature, d):
-    """More query tiles than the GPU has SMs, not causal: the persistent CTAs each walk several
-    tiles (Q, the K / V stages and their barrier phases handed on from tile to tile; the last
-    tile of every sequence ends mid-tile), GQA, against the oracle."""
+def test_persistent_tiles_sm90(feature, d, monkeypatch):
+    """More query tiles than the GPU has SMs: the persistent CTAs each walk several tiles (Q, the
+    K / V stages and their barrier phases handed on from tile to tile; the last tile of every
+    sequence ends mid-tile), GQA, against the oracle. Causal: the level order in a snake, "causal"
+    with a last round of tiles in the plain direction, "causal_odd" with a mirrored last round and
+    fewer keys than queries (the first tile of every sequence sees no key: out 0, lse +inf).
+    Window calls are persistent only with FLASH_CUDA_SM90_PERSIST=1."""
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     b, sq, sk, hk = 2, 300, 333, 2  # 3 tiles per (batch, head), the last one ragged
-    h = 8 * (2 * n_sms // (3 * b * 8) + 1)  # GQA 4+, more than 2 tiles per SM
-    assert 3 * b * h > 2 * n_sms
+    rounds = 1 if feature == "causal_odd" else 2  # full rounds of n_sms tiles, then a partial one
+    h = 8 * (rounds * n_sms // (3 * b * 8) + 1)  # GQA 4+
+    assert rounds * n_sms < 3 * b * h <= rounds * n_sms + 3 * b * 8
+    if feature == "causal_odd":
+        sk = 133
     q, k, v = base.make_qkv(b, sq, sk, h, hk, d, torch.bfloat16)
     opts = {"softcap": 10.0} if feature == "softcap" else {}
     if feature == "alibi":
         opts["alibi_slopes"] = torch.rand(h, device="cuda") * 0.3
+    if feature.startswith("causal"):
+        opts["causal"] = True
+    if feature == "window":
+        opts["window"] = (100, 20)
+        monkeypatch.setenv("FLASH_CUDA_SM90_PERSIST", "1")
     out, lse = base.fwd(q, k, v, **opts)
     base.assert_close_to_oracle(out, lse, q, k, v, **opts)

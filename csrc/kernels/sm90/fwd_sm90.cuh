@@ -15,7 +15,7 @@
 //       S = Q K^T      wgmma m64 n kBlockN k16, both operands K-major from shared memory (SS)
 //       softcap / ALiBi / mask, online softmax on the accumulators (the per-warp layout is the
 //       mma.m16n8 C layout of the sm80 kernels: mask.cuh and softmax.cuh apply as they are)
-//       l += P         FADDs of the 16-bit P per thread (add_p_row_sums), quad-reduced at the
+//       l += P         FADDs of the fp32 P per thread (add_row_sums), quad-reduced at the
 //                      epilogue
 //       O += P V       wgmma m64 n HeadDim k16, P from registers (the S accumulators converted
 //                      to A fragments in place), V MN-major from shared memory (RS)
@@ -35,10 +35,11 @@
 // cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other than 64 / 128 /
 // 256.
 // Persistent: each CTA walks the tiles blockIdx.x, + gridDim.x, ... in the order of a grid
-// (m blocks, b, h) (FwdTile); a CTA's barriers run on from one tile to the next, so its producer
-// loads the next tile's Q and first K / V under the last block and the epilogue of the current
-// one. The launcher (fwd_sm90_host.h fwd_sm90_ctas) starts one CTA per SM where every tile has
-// the same key blocks (fixed length, not causal, no window), else one CTA per tile.
+// (m blocks, b, h), or causal in the level order, longest first, in a snake (FwdTile); a CTA's
+// barriers run on from one tile to the next, so its producer loads the next tile's Q and first
+// K / V under the last block and the epilogue of the current one. The launcher (fwd_sm90_host.h
+// fwd_sm90_persistent) starts one CTA per SM for fixed-length calls without a window (causal or
+// not), else one CTA per tile.
 #pragma once
 
 #include <cuda.h>
@@ -143,15 +144,38 @@ struct Sm90Smem {
     }
 };
 
-// One tile of the persistent schedule (fwd_sm90_host.h fwd_sm90_ctas): tile t = blockIdx.x,
+// One tile of the persistent schedule (fwd_sm90_host.h fwd_sm90_persistent): tile t = blockIdx.x,
 // blockIdx.x + gridDim.x, ... is query block t % num_m_blocks of batch (t / num_m_blocks) % b and
 // head t / (num_m_blocks b), the order of a grid (m blocks, b, h), so that the CTAs running
-// together share a head's K / V in L2. Causal: the m blocks last to first (longest first).
+// together share a head's K / V in L2. Causal with a CTA per tile: the m blocks last to first
+// (longest first, the order in which the hardware starts them).
+// Causal with fewer CTAs than tiles (level order): the m blocks are the slowest index, last to
+// first, then the batch, the head fastest (a GQA group's heads together), and the CTAs walk the
+// rounds of gridDim.x tiles in a snake (index): the tiles shorten as t grows, so a CTA that takes
+// one of a round's longer tiles takes one of the next round's shorter ones, and the CTAs' work
+// stays even (a plain walk gives CTA gridDim.x - 1 the shorter tile of every round).
 struct FwdTile {
     int m_block, batch, head;
-    __device__ __forceinline__ static FwdTile make(int t, int num_m_blocks, int batches,
-                                                   bool causal) {
+    // The CTA's tile in its round r (r = 0, 1, ...; the walk ends at the first index past the
+    // tiles): blockIdx.x + r gridDim.x, in the level order odd rounds mirrored.
+    __device__ __forceinline__ static int index(int round, bool level_order) {
+        const int cta = level_order && (round & 1) != 0
+                            ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
+                            : static_cast<int>(blockIdx.x);
+        return round * static_cast<int>(gridDim.x) + cta;
+    }
+    __device__ __forceinline__ static FwdTile make(int t, int num_m_blocks, int batches, int heads,
+                                                   bool causal, bool level_order) {
         FwdTile tile;
+        if (level_order) {
+            const int per_level = batches * heads;
+            const int level = t / per_level;
+            const int rest = t - level * per_level;
+            tile.m_block = num_m_blocks - 1 - level;
+            tile.batch = rest / heads;
+            tile.head = rest - tile.batch * heads;
+            return tile;
+        }
         const int m_index = t % num_m_blocks;
         const int rest = t / num_m_blocks;
         tile.m_block = causal ? num_m_blocks - 1 - m_index : m_index;
@@ -179,26 +203,21 @@ struct MapRows {
     }
 };
 
-// row_sum[0][half] += this thread's share of row g (half 0) / g + 8 (half 1) of P, as rounded
-// to 16 bits for P V (p_frag: the A fragments of P; registers 0 / 2 hold row g, 1 / 3 row
-// g + 8): FADDs of the unpacked values, four partial sums per row. The sums stay per thread
+// row_sum[0][half] += this thread's share of row g (half 0) / g + 8 (half 1) of P in fp32 (p:
+// the accumulator layout, elements 0-1 row g, 2-3 row g + 8), before P is rounded to 16 bits for
+// P V (as FlashAttention-2 / 3 sum it): four partial sums per row. The sums stay per thread
 // through the key loop (the rescale is linear); quad_allreduce_sum makes them whole rows before
-// the epilogue. The same rounded P as sm80::warp_gemm_p_rowsum's P * ones, without its chain of
-// dependent mma.sync before the next block's wgmma is issued.
-template <typename Element, int kKSteps>
-__device__ __forceinline__ void add_p_row_sums(float (&row_sum)[1][2],
-                                               const uint32_t (&p_frag)[1][kKSteps][4]) {
+// the epilogue. Called while the previous block's P V may still run, before its wait.
+template <int kNTiles>
+__device__ __forceinline__ void add_row_sums(float (&row_sum)[1][2],
+                                             const float (&p)[1][kNTiles][4]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-            const float2 lo = ptx::unpack_float2<Element>(p_frag[0][kk][half]);
-            const float2 hi = ptx::unpack_float2<Element>(p_frag[0][kk][2 + half]);
-            part[0] += lo.x;
-            part[1] += lo.y;
-            part[2] += hi.x;
-            part[3] += hi.y;
+        for (int nt = 0; nt < kNTiles; ++nt) {
+            part[(2 * nt) % 4] += p[0][nt][2 * half];
+            part[(2 * nt) % 4 + 1] += p[0][nt][2 * half + 1];
         }
         row_sum[0][half] += (part[0] + part[1]) + (part[2] + part[3]);
     }
@@ -226,6 +245,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
     const int num_tiles = num_m_blocks * params.b * params.h;
+    const bool level_order = Causal && static_cast<int>(gridDim.x) < num_tiles;
 
     // A tile's query rows and key blocks (both roles compute them; the producer's registers are
     // few, so it keeps only what it needs).
@@ -239,7 +259,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
     auto tile_work = [&](int t) {
         TileWork w;
-        w.tile = FwdTile::make(t, num_m_blocks, params.b, Causal);
+        w.tile = FwdTile::make(t, num_m_blocks, params.b, params.h, Causal, level_order);
         w.seq = sm80::SequenceInfo::make(params, w.tile.batch);
         w.m0 = w.tile.m_block * kBlockM;
         w.valid_q_rows = min(kBlockM, w.seq.seqlen_q - w.m0);
@@ -276,7 +296,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::setmaxnreg_dec<24>();
         if (tid != 0) return;
         int q_round = 0, kv_base = 0;
-        for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        for (int round = 0, t = FwdTile::index(0, level_order); t < num_tiles;
+             t = FwdTile::index(++round, level_order)) {
             const TileWork w = tile_work(t);
             const int n_iters = w.n_iters();
             if (!w.has_rows() || n_iters <= 0) continue;
@@ -358,8 +379,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (c == 1) ptx90::named_barrier_arrive(1, 256);  // warpgroup 0 goes first
     }
     int q_round = 0, kv_base = 0;
-    for (int tile_index = blockIdx.x; tile_index < num_tiles; tile_index += gridDim.x) {
-        const TileWork w = tile_work(tile_index);
+    for (int round = 0, t = FwdTile::index(0, level_order); t < num_tiles;
+         t = FwdTile::index(++round, level_order)) {
+        const TileWork w = tile_work(t);
         if (!w.has_rows()) continue;  // varlen: this sequence is shorter than the grid
         const int batch = w.tile.batch, head = w.tile.head, m0 = w.m0;
         const int n_block_max = w.n_block_max;
@@ -472,6 +494,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             transform_scores(it);
             float o_scale[1][2];
             softmax.update_scores(s_frag, log2_scale, o_scale);
+            add_row_sums(softmax.row_sum, s_frag);
             // P V of the previous block has landed (none pending at it = 0): O is final for
             // the rescale, p_frag free, the previous V buffer released.
             ptx90::wgmma_wait<0>();
@@ -480,7 +503,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (it > 0) ptx90::mbarrier_arrive(smem.empty_v(stage_of(it - 1)));
             OnlineSoftmax<1>::rescale(o_frag, o_scale);
             sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
-            add_p_row_sums<Element>(softmax.row_sum, p_frag);
             my_turn();
             if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
                 wait_phase(smem.full_k(stage_of(it + 1)), phase_of(it + 1));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/params.h"
 #include "kernels/sm90/tensor_map.h"
@@ -39,22 +40,26 @@ inline bool fwd_supports(const FwdParams& p) {
            fwd_sm90_tiles(p) < (int64_t{1} << 30) && p.is_seqlens_k_cumulative;
 }
 
-// Whether every tile of the call has the same key blocks: fixed-length, neither causal nor a
-// window. Then a static walk of the tiles (fwd_sm90.cuh FwdTile) balances the CTAs.
-inline bool fwd_sm90_equal_tiles(const FwdParams& p) {
-    return !p.is_causal && p.window_size_left < 0 && p.window_size_right < 0 &&
-           p.cu_seqlens_q == nullptr;
+// Whether the kernel runs persistent, one CTA per SM walking the tiles (fwd_sm90.cuh FwdTile):
+// fixed length, and either every tile has the same key blocks (neither causal nor a window: the
+// grid order) or causal without a left window (the tiles' lengths fall with the level order,
+// whose snake walk keeps the CTAs' work even). Windows and varlen keep one CTA per tile, which the
+// hardware hands to the SMs as they free up. FLASH_CUDA_SM90_PERSIST in the environment (A/B
+// runs, read per call): "0" one CTA per tile always, another value persistent always; unset, this
+// rule.
+inline bool fwd_sm90_persistent(const FwdParams& p) {
+    const char* env = std::getenv("FLASH_CUDA_SM90_PERSIST");
+    if (env != nullptr && env[0] != '\0') return !(env[0] == '0' && env[1] == '\0');
+    if (p.cu_seqlens_q != nullptr || p.window_size_left >= 0) return false;
+    return p.is_causal || p.window_size_right < 0;
 }
 
-// The kernel's CTAs; each walks the tiles blockIdx.x, + gridDim.x, ... (fwd_sm90.cuh). Equal
-// tiles: persistent, one CTA per SM (a CTA needs all of an SM's shared memory) and at most one
-// per tile. Otherwise one CTA per tile, which the hardware hands to the SMs as they free up: a
-// static walk would give some CTAs twice the work of others (causal: the tiles' lengths cycle
-// with the query block).
+// The kernel's CTAs: persistent, one per SM (a CTA needs all of an SM's shared memory) and at
+// most one per tile; else one per tile.
 inline int fwd_sm90_ctas(const FwdParams& p, int num_sms) {
     const int64_t tiles = fwd_sm90_tiles(p);
     return static_cast<int>(
-        std::max<int64_t>(1, fwd_sm90_equal_tiles(p) ? std::min<int64_t>(tiles, num_sms) : tiles));
+        std::max<int64_t>(1, fwd_sm90_persistent(p) ? std::min<int64_t>(tiles, num_sms) : tiles));
 }
 
 // The rank-4 map (column, row, head, batch) of a (b, rows, heads, d) tensor or, varlen, of a
