@@ -296,9 +296,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::setmaxnreg_dec<24>();
         if (tid != 0) return;
         int q_round = 0, kv_base = 0;
-        for (int round = 0, t = FwdTile::index(0, level_order); t < num_tiles;
-             t = FwdTile::index(++round, level_order)) {
-            const TileWork w = tile_work(t);
+        for (int round = 0, tile_index = FwdTile::index(0, level_order); tile_index < num_tiles;
+             tile_index = FwdTile::index(++round, level_order)) {
+            const TileWork w = tile_work(tile_index);
             const int n_iters = w.n_iters();
             if (!w.has_rows() || n_iters <= 0) continue;
             const MapRows rows = MapRows::make(params, w.tile.batch, w.m0);
@@ -379,9 +379,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (c == 1) ptx90::named_barrier_arrive(1, 256);  // warpgroup 0 goes first
     }
     int q_round = 0, kv_base = 0;
-    for (int round = 0, t = FwdTile::index(0, level_order); t < num_tiles;
-         t = FwdTile::index(++round, level_order)) {
-        const TileWork w = tile_work(t);
+    for (int round = 0, tile_index = FwdTile::index(0, level_order); tile_index < num_tiles;
+         tile_index = FwdTile::index(++round, level_order)) {
+        const TileWork w = tile_work(tile_index);
         if (!w.has_rows()) continue;  // varlen: this sequence is shorter than the grid
         const int batch = w.tile.batch, head = w.tile.head, m0 = w.m0;
         const int n_block_max = w.n_block_max;
