@@ -248,5 +248,19 @@ __device__ __forceinline__ uint32_t pack_float2<__nv_bfloat16>(float lo, float h
     return packed;
 }
 
+// The two 16-bit values of a pack_float2 pair, back to fp32 (exact): low half first.
+template <typename Element>
+__device__ __forceinline__ float2 unpack_float2(uint32_t packed);
+
+template <>
+__device__ __forceinline__ float2 unpack_float2<__half>(uint32_t packed) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+}
+
+template <>
+__device__ __forceinline__ float2 unpack_float2<__nv_bfloat16>(uint32_t packed) {
+    return make_float2(__uint_as_float(packed << 16), __uint_as_float(packed & 0xffff0000u));
+}
+
 }  // namespace ptx
 }  // namespace flash_cuda

@@ -15,7 +15,7 @@
 //       S = Q K^T      wgmma m64 n kBlockN k16, both operands K-major from shared memory (SS)
 //       softcap / ALiBi / mask, online softmax on the accumulators (the per-warp layout is the
 //       mma.m16n8 C layout of the sm80 kernels: mask.cuh and softmax.cuh apply as they are)
-//       l += P         FADDs of the fp32 P per thread (add_row_sums), quad-reduced at the
+//       l += P         FADDs of the 16-bit P per thread (add_p_row_sums), quad-reduced at the
 //                      epilogue
 //       O += P V       wgmma m64 n HeadDim k16, P from registers (the S accumulators converted
 //                      to A fragments in place), V MN-major from shared memory (RS)
@@ -38,8 +38,8 @@
 // (m blocks, b, h), or causal in the level order, longest first, in a snake (FwdTile); a CTA's
 // barriers run on from one tile to the next, so its producer loads the next tile's Q and first
 // K / V under the last block and the epilogue of the current one. The launcher (fwd_sm90_host.h
-// fwd_sm90_persistent) starts one CTA per SM for fixed-length calls without a window (causal or
-// not), else one CTA per tile.
+// fwd_sm90_persistent) starts one CTA per SM for fixed-length calls without a window (causal ones
+// up to a length), else one CTA per tile.
 #pragma once
 
 #include <cuda.h>
@@ -203,21 +203,26 @@ struct MapRows {
     }
 };
 
-// row_sum[0][half] += this thread's share of row g (half 0) / g + 8 (half 1) of P in fp32 (p:
-// the accumulator layout, elements 0-1 row g, 2-3 row g + 8), before P is rounded to 16 bits for
-// P V (as FlashAttention-2 / 3 sum it): four partial sums per row. The sums stay per thread
+// row_sum[0][half] += this thread's share of row g (half 0) / g + 8 (half 1) of P, as rounded
+// to 16 bits for P V (p_frag: the A fragments of P; registers 0 / 2 hold row g, 1 / 3 row
+// g + 8): FADDs of the unpacked values, four partial sums per row. The sums stay per thread
 // through the key loop (the rescale is linear); quad_allreduce_sum makes them whole rows before
-// the epilogue. Called while the previous block's P V may still run, before its wait.
-template <int kNTiles>
-__device__ __forceinline__ void add_row_sums(float (&row_sum)[1][2],
-                                             const float (&p)[1][kNTiles][4]) {
+// the epilogue. The same rounded P as sm80::warp_gemm_p_rowsum's P * ones, without its chain of
+// dependent mma.sync before the next block's wgmma is issued.
+template <typename Element, int kKSteps>
+__device__ __forceinline__ void add_p_row_sums(float (&row_sum)[1][2],
+                                               const uint32_t (&p_frag)[1][kKSteps][4]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-            part[(2 * nt) % 4] += p[0][nt][2 * half];
-            part[(2 * nt) % 4 + 1] += p[0][nt][2 * half + 1];
+        for (int kk = 0; kk < kKSteps; ++kk) {
+            const float2 lo = ptx::unpack_float2<Element>(p_frag[0][kk][half]);
+            const float2 hi = ptx::unpack_float2<Element>(p_frag[0][kk][2 + half]);
+            part[0] += lo.x;
+            part[1] += lo.y;
+            part[2] += hi.x;
+            part[3] += hi.y;
         }
         row_sum[0][half] += (part[0] + part[1]) + (part[2] + part[3]);
     }
@@ -494,7 +499,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             transform_scores(it);
             float o_scale[1][2];
             softmax.update_scores(s_frag, log2_scale, o_scale);
-            add_row_sums(softmax.row_sum, s_frag);
             // P V of the previous block has landed (none pending at it = 0): O is final for
             // the rescale, p_frag free, the previous V buffer released.
             ptx90::wgmma_wait<0>();
@@ -503,6 +507,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (it > 0) ptx90::mbarrier_arrive(smem.empty_v(stage_of(it - 1)));
             OnlineSoftmax<1>::rescale(o_frag, o_scale);
             sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+            add_p_row_sums<Element>(softmax.row_sum, p_frag);
             my_turn();
             if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
                 wait_phase(smem.full_k(stage_of(it + 1)), phase_of(it + 1));

@@ -41,17 +41,21 @@ inline bool fwd_supports(const FwdParams& p) {
 }
 
 // Whether the kernel runs persistent, one CTA per SM walking the tiles (fwd_sm90.cuh FwdTile):
-// fixed length, and either every tile has the same key blocks (neither causal nor a window: the
-// grid order) or causal without a left window (the tiles' lengths fall with the level order,
-// whose snake walk keeps the CTAs' work even). Windows and varlen keep one CTA per tile, which the
-// hardware hands to the SMs as they free up. FLASH_CUDA_SM90_PERSIST in the environment (A/B
-// runs, read per call): "0" one CTA per tile always, another value persistent always; unset, this
-// rule.
+// fixed length without a window, and not causal (every tile has the same key blocks: the grid
+// order) or causal (the tiles' lengths fall with the level order, whose snake walk keeps the
+// CTAs' work even) up to 8192 query rows, at head dim 256 from 4096. Measured on the H200 against
+// one CTA per tile (bench/NOTES.md run 157): causal d64 / d128 persistent 1.02-1.38x at s512-8k
+// but 0.96-0.99x at s16k (the hardware's greedy hand-out balances better there); d256 1.05-1.06x
+// at s4k-8k but 0.81x at s512-1k (the level order puts up to 132 heads' K / V in flight, more
+// than the L2 holds at 256 columns). Windows and varlen keep one CTA per tile.
+// FLASH_CUDA_SM90_PERSIST in the environment (A/B runs, read per call): "0" one CTA per tile
+// always, another value persistent always; unset, this rule.
 inline bool fwd_sm90_persistent(const FwdParams& p) {
     const char* env = std::getenv("FLASH_CUDA_SM90_PERSIST");
     if (env != nullptr && env[0] != '\0') return !(env[0] == '0' && env[1] == '\0');
     if (p.cu_seqlens_q != nullptr || p.window_size_left >= 0) return false;
-    return p.is_causal || p.window_size_right < 0;
+    if (!p.is_causal) return p.window_size_right < 0;
+    return p.seqlen_q <= 8192 && (p.d < 256 || p.seqlen_q >= 4096);
 }
 
 // The kernel's CTAs: persistent, one per SM (a CTA needs all of an SM's shared memory) and at

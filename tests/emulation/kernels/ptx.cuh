@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -198,6 +199,21 @@ inline uint32_t pack_float2<__nv_bfloat16>(float lo, float hi) {
     const __nv_bfloat16_raw l = __nv_bfloat16_raw(__float2bfloat16_rn(lo));
     const __nv_bfloat16_raw h = __nv_bfloat16_raw(__float2bfloat16_rn(hi));
     return static_cast<uint32_t>(l.x) | (static_cast<uint32_t>(h.x) << 16);
+}
+
+template <typename Element>
+inline float2 unpack_float2(uint32_t packed);
+template <>
+inline float2 unpack_float2<__half>(uint32_t packed) {
+    __half_raw l, h;
+    l.x = static_cast<unsigned short>(packed & 0xffffu);
+    h.x = static_cast<unsigned short>(packed >> 16);
+    return make_float2(__half2float(__half(l)), __half2float(__half(h)));
+}
+template <>
+inline float2 unpack_float2<__nv_bfloat16>(uint32_t packed) {
+    return make_float2(std::bit_cast<float>(packed << 16),
+                       std::bit_cast<float>(packed & 0xffff0000u));
 }
 
 }  // namespace ptx
