@@ -44,7 +44,7 @@ inline bool fwd_supports(const FwdParams& p) {
 // fixed length without a window, and not causal (every tile has the same key blocks: the grid
 // order) or causal (the tiles' lengths fall with the level order, whose snake walk keeps the
 // CTAs' work even) up to 8192 query rows, at head dim 256 from 4096. Measured on the H200 against
-// one CTA per tile (bench/NOTES.md run 157): causal d64 / d128 persistent 1.02-1.38x at s512-8k
+// one CTA per tile (bench/NOTES.md run 156): causal d64 / d128 persistent 1.02-1.38x at s512-8k
 // but 0.96-0.99x at s16k (the hardware's greedy hand-out balances better there); d256 1.05-1.06x
 // at s4k-8k but 0.81x at s512-1k (the level order puts up to 132 heads' K / V in flight, more
 // than the L2 holds at 256 columns). Windows and varlen keep one CTA per tile.
