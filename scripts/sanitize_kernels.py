@@ -215,16 +215,19 @@ def head_group_decode_calls():
 
 
 def persistent_forward_calls():
-    """Fixed-length, non-causal forwards with more 128-row query tiles than an H200 has SMs (132),
-    so that the sm90 forward's persistent CTAs each walk two or three tiles (the Q buffer and the
-    K/V stages handed on from tile to tile; the last tile of each sequence ends mid-tile), with
-    and without the pingpong turns (FLASH_CUDA_SM90=pingpong)."""
+    """Fixed-length forwards, non-causal and causal, with more 128-row query tiles than an H200 has
+    SMs (132), so that the sm90 forward's persistent CTAs each walk two or three tiles (the Q
+    buffer and the K/V stages handed on from tile to tile; the last tile of each sequence ends
+    mid-tile; causal: the level order's snake), with and without the pingpong turns
+    (FLASH_CUDA_SM90=pingpong)."""
     b, s, h, d = 2, 300, 48, 128  # 3 tiles x 2 x 48 = 288 tiles
     q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)
     for mode in ("1", "pingpong"):
-        with environment(FLASH_CUDA_SM90=mode):
-            run(f"persistent forward d{d} b{b} s{s} h{h} FLASH_CUDA_SM90={mode}",
-                lambda: flash_cuda.flash_attn_func(q, k, v))
+        for causal in (False, True):
+            with environment(FLASH_CUDA_SM90=mode):
+                run(f"persistent forward d{d} b{b} s{s} h{h} causal={causal} "
+                    f"FLASH_CUDA_SM90={mode}",
+                    lambda: flash_cuda.flash_attn_func(q, k, v, causal=causal))
 
 
 if __name__ == "__main__":

@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // exponentials run while the tensor cores still accumulate P V. O is rescaled once that
         // P V has landed. P's A fragments stay untouched until then. (As compiled, ptxas places
         // the wait for that P V above the row max and the exponentials, so only the mask runs
-        // under it: bench/NOTES.md session 29, branch s29order.)
+        // under it: bench/NOTES.md session 29, s29order.)
         // The last block is peeled off (no next S), so the loop body is one straight-line
         // wgmma pipeline: ptxas serialises the wgmma (C7514) where a data-dependent branch
         // leaves it unsure which group a wait retires.

@@ -28,8 +28,8 @@ inline int64_t fwd_sm90_tiles(const FwdParams& p) {
 // are 64 columns wide), no dropout, no KV-cache features (paged, cache_batch_idx, leftpad,
 // seqused_k, appended keys), no split-KV or GQA packing, more query rows than a decode step
 // (seqlen_q > 64: shorter calls stay on the sm80 decode tile), at least one key row in k / v
-// (a tensor map needs extents >= 1), fewer than 2^30 tiles (a CTA's next tile index,
-// t + gridDim.x with gridDim.x <= tiles, stays an int). Pointers and strides 16-byte aligned:
+// (a tensor map needs extents >= 1), fewer than 2^30 tiles (a CTA's last tile index, below
+// tiles + gridDim.x with gridDim.x <= tiles, stays an int). Pointers and strides 16-byte aligned:
 // the caller's (flash_api.cpp pads / copies to that).
 inline bool fwd_supports(const FwdParams& p) {
     const bool has_keys = p.cu_seqlens_q != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
