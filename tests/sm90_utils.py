@@ -27,17 +27,18 @@ def skip_unbuilt_head_dim(request) -> None:
         pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
 
 
-# The pingpong flag of the sm90 forward's traits (kernels/sm90/fwd_sm90.cuh FwdSm90Traits<HeadDim,
-# BlockN, Stages, Pingpong>) in a kernel name, demangled or mangled.
-_FWD_TRAITS_PINGPONG = re.compile(r"FwdSm90Traits<\d+, \d+, \d+, (true|false)>|"
-                                  r"FwdSm90TraitsILi\d+ELi\d+ELi\d+ELb([01])E")
+# The key block and the pingpong flag of the sm90 forward's traits (kernels/sm90/fwd_sm90.cuh
+# FwdSm90Traits<HeadDim, BlockN, Stages, Pingpong>) in a kernel name, demangled or mangled.
+_FWD_TRAITS = re.compile(r"FwdSm90Traits<\d+, (\d+), \d+, (true|false)>|"
+                         r"FwdSm90TraitsILi\d+ELi(\d+)ELi\d+ELb([01])E")
 
 
 @contextlib.contextmanager
-def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1"):
+def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_block=None):
     """FLASH_CUDA_SM90=mode inside the block (flash_api.cpp reads it per call); afterwards a CUDA
     kernel whose name contains `kernel_name` must have been launched in it. With mode "pingpong"
-    every sm90 forward kernel launched must be the pingpong variant, with "1" none may be."""
+    every sm90 forward kernel launched must be the pingpong variant, with "1" none may be; with
+    fwd_key_block, every one must have key blocks of that many rows."""
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setenv("FLASH_CUDA_SM90", mode)
@@ -50,7 +51,10 @@ def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1"):
     for name in names:
         if "mha_fwd_sm90_kernel" not in name:
             continue
-        match = _FWD_TRAITS_PINGPONG.search(name)
+        match = _FWD_TRAITS.search(name)
         assert match, f"no FwdSm90Traits in the kernel name {name!r}"
-        pingpong = match.group(1) == "true" or match.group(2) == "1"
+        pingpong = match.group(2) == "true" or match.group(4) == "1"
         assert pingpong == (mode == "pingpong"), f"FLASH_CUDA_SM90={mode} launched {name!r}"
+        block_n = int(match.group(1) or match.group(3))
+        assert fwd_key_block in (None, block_n), \
+            f"key blocks of {block_n}, not {fwd_key_block}, in {name!r}"

@@ -110,7 +110,7 @@ SM90_VARIANTS = pytest.mark.parametrize("variant", (True, "pingpong"), ids=("def
 
 def run_sm90(q, k, v, variant=True, **opts):
     out, lse = run_fwd_emulated(q, k, v, sm90=variant, **opts)
-    ran = "sm90 forward (pingpong)" if variant == "pingpong" else "sm90 forward\n"
+    ran = "sm90 forward (pingpong)," if variant == "pingpong" else "sm90 forward,"
     assert ran in driver.LAST_STDOUT, "the sm90 kernel (this variant) did not run"
     return out, lse
 
@@ -150,6 +150,25 @@ def test_large_magnitude_emulated_sm90(d, dtype, seed):
     out, lse = run_sm90(q, k, v, causal=True, softmax_scale=1.0)
     assert torch.isfinite(out).all() and not torch.isnan(lse).any()
     assert_close_to_oracle(out, lse, q, k, v, causal=True, softmax_scale=1.0)
+
+
+@pytest.mark.parametrize("feature", [f for f in FEATURES if "causal" not in f] + ["varlen"])
+def test_wide_key_blocks_emulated_sm90(feature, monkeypatch):
+    """d64's key blocks of 192 (FwdSm90Config<64>::WideTraits, 3 stages; the launcher takes them
+    for non-causal calls of >= 4096 keys), forced by FLASH_CUDA_SM90_KEYS192=1 at 500 keys: two
+    whole blocks and a ragged one through the three buffers, over several tiles per CTA."""
+    monkeypatch.setenv("FLASH_CUDA_SM90_KEYS192", "1")
+    if feature == "varlen":
+        test_varlen_emulated_sm90(64, "plain")
+    else:
+        rng = random.Random(FEATURES.index(feature) + 31)
+        b, sq, sk, h = 2, 257, 500, 4
+        gen = torch.Generator().manual_seed(FEATURES.index(feature) + 31)
+        q, k, v = make_qkv(b, sq, sk, h, 2, 64, torch.bfloat16, gen=gen, device="cpu")
+        opts = feature_options(feature, sq, sk, b, h, rng, device="cpu")
+        out, lse = run_sm90(q, k, v, **opts)
+        assert_close_to_oracle(out, lse, q, k, v, **opts)
+    assert "key blocks of 192" in driver.LAST_STDOUT
 
 
 @pytest.mark.parametrize("d", (64, 128, 256))

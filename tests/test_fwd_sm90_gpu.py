@@ -17,10 +17,14 @@ pytestmark = [pytest.mark.gpu, SM90_GPU]
 
 # Every test runs both variants of the kernel: the default and the pingpong one
 # (FLASH_CUDA_SM90=pingpong: the consumer warpgroups take turns at the tensor cores).
+# A test marked sm90_wide_keys expects d64's key blocks of 192 in the default variant (the
+# pingpong one keeps 128).
 @pytest.fixture(autouse=True, params=("1", "pingpong"), ids=("default", "pingpong"))
 def sm90_forward(monkeypatch, request):
     skip_unbuilt_head_dim(request)
-    with sm90_kernel_runs(monkeypatch, "mha_fwd_sm90_kernel", request.param):
+    wide = request.node.get_closest_marker("sm90_wide_keys") is not None
+    key_block = (192 if request.param == "1" else 128) if wide else None
+    with sm90_kernel_runs(monkeypatch, "mha_fwd_sm90_kernel", request.param, key_block):
         yield
 
 
@@ -103,5 +107,32 @@ def test_persistent_tiles_sm90(feature, d, monkeypatch):
         opts["window"] = (100, 20)
     if feature.startswith("causal") or feature == "window":
         monkeypatch.setenv("FLASH_CUDA_SM90_PERSIST", "1")
+    out, lse = base.fwd(q, k, v, **opts)
+    base.assert_close_to_oracle(out, lse, q, k, v, **opts)
+
+
+@pytest.mark.sm90_wide_keys
+@pytest.mark.parametrize("feature", ("long", "long_fp16", "ragged", "softcap", "alibi", "window",
+                                     "varlen"))
+@pytest.mark.parametrize("d", (64,))
+def test_wide_key_blocks_sm90(feature, d, monkeypatch):
+    """d64's key blocks of 192 (FwdSm90Config<64>::WideTraits, 3 stages): "long" and "long_fp16"
+    by the launcher's rule (non-causal, >= 4096 keys; 4096 + 99: a ragged last block), the others
+    forced by FLASH_CUDA_SM90_KEYS192=1 at 500 keys (two whole blocks and a ragged one), GQA,
+    against the oracle; the fixture checks the key block of every forward kernel launched."""
+    long = feature.startswith("long")
+    if not long:
+        monkeypatch.setenv("FLASH_CUDA_SM90_KEYS192", "1")
+    if feature == "varlen":
+        base.test_varlen(torch.bfloat16, d, "plain")
+        return
+    dtype = torch.float16 if feature == "long_fp16" else torch.bfloat16
+    sk = 4096 + 99 if long else 500
+    q, k, v = base.make_qkv(2, 300, sk, 8, 2, d, dtype)
+    opts = {"softcap": 10.0} if feature == "softcap" else {}
+    if feature == "alibi":
+        opts["alibi_slopes"] = torch.rand(8, device="cuda") * 0.3
+    if feature == "window":
+        opts["window"] = (100, 20)
     out, lse = base.fwd(q, k, v, **opts)
     base.assert_close_to_oracle(out, lse, q, k, v, **opts)

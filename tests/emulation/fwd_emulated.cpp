@@ -96,7 +96,8 @@ bool run_sm90_traits(FwdParams& params) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
         std::exit(2);
     }
-    std::printf("emulator: sm90 forward%s\n", Traits::kPingpong ? " (pingpong)" : "");
+    std::printf("emulator: sm90 forward%s, key blocks of %d\n",
+                Traits::kPingpong ? " (pingpong)" : "", Traits::kBlockN);
     // A persistent grid of 3 CTAs (EMU_NUM_SMS) for every call, whatever the launcher's rule
     // (fwd_sm90_persistent: one CTA per tile for windows and varlen): the CTAs walk several
     // tiles, so the barrier rounds across tiles (causal: the level order's snake), windows and
@@ -128,6 +129,11 @@ bool run_sm90(FwdParams& params) {
     using Config = s90::FwdSm90Config<EMU_HEAD_DIM>;
     if (mode == "pingpong") {
         return run_sm90_traits<Element, Causal, typename Config::PingpongTraits>(params);
+    }
+    if constexpr (EMU_HEAD_DIM == 64 && !Causal) {  // the launcher's key-block choice
+        if (s90::fwd_sm90_wide_key_blocks(params)) {
+            return run_sm90_traits<Element, Causal, typename Config::WideTraits>(params);
+        }
     }
     return run_sm90_traits<Element, Causal, typename Config::Traits>(params);
 #else

@@ -15,14 +15,18 @@
 //       S = Q K^T      wgmma m64 n kBlockN k16, both operands K-major from shared memory (SS)
 //       softcap / ALiBi / mask, online softmax on the accumulators (the per-warp layout is the
 //       mma.m16n8 C layout of the sm80 kernels: mask.cuh and softmax.cuh apply as they are)
-//       l += P         FADDs of the 16-bit P per thread (add_p_row_sums), quad-reduced at the
-//                      epilogue
 //       O += P V       wgmma m64 n HeadDim k16, P from registers (the S accumulators converted
 //                      to A fragments in place), V MN-major from shared memory (RS)
+//       l += P 1       wgmma m64 n8 k16 beside each P V step, B = 1024 bytes of ones in shared
+//                      memory: the row sums of the same rounded P that P V multiplies, on the
+//                      tensor cores (no ALU work per score), rescaled with O -- at d64 and when
+//                      causal; else FADDs of the 16-bit P per thread (add_p_row_sums),
+//                      quad-reduced at the epilogue (kRowSumsOnTensorCores)
 //   Epilogue: O / l straight from the accumulators to global (4-byte stores), lse per row.
 // Shared memory, each operand as 64-column slabs of rows of 128 bytes, the 128-byte swizzle
 // (what the TMA writes for a 64-element box and the wgmma descriptors read):
-//   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     then the mbarriers
+//   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     ones [8][64]     then
+//   the mbarriers
 //
 // Tensors as in sm80/fwd.cuh (q, k, v, o, lse; fixed length or varlen), read through rank-4
 // tensor maps (column, row, head, batch) built by the launcher (fwd_sm90_launch.cuh):
@@ -83,7 +87,10 @@ struct FwdSm90Traits {
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
-    static constexpr int kSmemBarOffset = kSmemVOffset + kStages * kKVTileBytes;
+    // The row sums' B operand (l += P 1): ones, one K-major swizzle atom (8 rows x 64 elements).
+    static constexpr int kSmemOnesOffset = kSmemVOffset + kStages * kKVTileBytes;
+    static constexpr int kOnesBytes = 1024;
+    static constexpr int kSmemBarOffset = kSmemOnesOffset + kOnesBytes;
     // mbarriers: full Q, then per stage full K, full V, empty K, empty V; last empty Q.
     static constexpr int kNumBarriers = 2 + 4 * kStages;
     // The tiles need 1024-byte alignment; the dynamic shared memory is only 128-byte aligned.
@@ -106,25 +113,33 @@ struct FwdSm90Traits {
 // Traits: the default tile; PingpongTraits: the same with the warpgroups taking turns
 // (FLASH_CUDA_SM90=pingpong, for A/B runs). Key blocks of 128, at d256 of 80 (FlashAttention-3's
 // d256 tile): Q 64 KB + 2 stages of K and V 160 KB = 225 KB of shared memory, and O takes 128
-// of a consumer thread's 240 registers. (A variant without the overlap inside the warpgroup
-// measured 0-5% slower, bench/NOTES.md run 33, and was dropped.)
+// of a consumer thread's 240 registers. d64 keeps 3 stages of K and V (112 KB; causal s1k-8k
+// 1.02-1.05x two stages, the rest within 2%: bench/NOTES.md run 161). WideTraits (d64 only): key
+// blocks of 192, 3 stages (160 KB), for long non-causal calls (fwd_sm90_wide_key_blocks: s4k-16k
+// 1.06-1.19x the 128-key blocks; 0.79-0.97x at s512-2k, where the last block's padding and mask
+// cost more than the fewer, longer blocks save). At d128 / d256 wider blocks do not fit the
+// consumers' registers (d128: 160 or 176 keys serialise the wgmma). (A variant without the overlap
+// inside the warpgroup measured 0-5% slower, bench/NOTES.md run 33, and was dropped.)
 template <int HeadDim>
 struct FwdSm90Config {
     static constexpr int kBlockN = HeadDim <= 128 ? 128 : 80;
-    using Traits = FwdSm90Traits<HeadDim, kBlockN, 2, false>;
-    using PingpongTraits = FwdSm90Traits<HeadDim, kBlockN, 2, true>;
+    static constexpr int kStages = HeadDim == 64 ? 3 : 2;
+    using Traits = FwdSm90Traits<HeadDim, kBlockN, kStages, false>;
+    using PingpongTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, true>;
+    using WideTraits = FwdSm90Traits<HeadDim, 192, 3, false>;  // HeadDim 64 only
 };
 
 // Shared-memory addresses of the CTA's tiles and barriers.
 template <typename Traits>
 struct Sm90Smem {
-    uint32_t q, k, v, bar;
+    uint32_t q, k, v, ones, bar;
     __device__ __forceinline__ static Sm90Smem make() {
         const uint32_t raw = ptx::smem_addr(ptx::dynamic_smem());
         Sm90Smem s;
         s.q = (raw + 1023u) & ~1023u;
         s.k = s.q + Traits::kSmemKOffset;
         s.v = s.q + Traits::kSmemVOffset;
+        s.ones = s.q + Traits::kSmemOnesOffset;
         s.bar = s.q + Traits::kSmemBarOffset;
         return s;
     }
@@ -246,6 +261,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kSlabs = Traits::kSlabs;
     using PTile = typename Traits::PTile;
 
+    // Where the row sums l = P 1 are formed (both from the same rounded P that P V multiplies):
+    // on the tensor cores (a wgmma m64 n8 beside each P V step, against ones) at d64 and in the
+    // causal kernels, where the consumers' ALU work limits; else by FADDs (add_p_row_sums),
+    // where the extra wgmma costs more tensor-core time than the adds cost (d128 / d256
+    // non-causal: 0.89-1.00x; bench/NOTES.md run 160).
+    constexpr bool kRowSumsOnTensorCores = Traits::kHeadDim == 64 || Causal;
     const Sm90Smem<Traits> smem = Sm90Smem<Traits>::make();
     const int tid = threadIdx.x;
     const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
@@ -279,6 +300,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return w;
     };
 
+    // The ones of l += P 1 (read by the consumers' wgmma, the async proxy: fenced).
+    if constexpr (kRowSumsOnTensorCores) {
+        const uint32_t one_pair = ptx::pack_float2<Element>(1.f, 1.f);
+        for (int i = tid; i < Traits::kOnesBytes / 4; i += Traits::kNThreads) {
+            ptx::st_shared_4(smem.ones + 4 * i, one_pair);
+        }
+        ptx90::fence_proxy_async_shared();
+    }
     if (tid == 0) {
         ptx90::mbarrier_init(smem.full_q(), 1);
         ptx90::mbarrier_init(smem.empty_q(), Traits::kConsumerThreads);
@@ -358,11 +387,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     float acc_o[Traits::kHeadDim / 2];  // O (64 x HeadDim) of the warpgroup, wgmma layout
     float acc_s[kBlockN / 2];           // S (64 x kBlockN)
+    float acc_l[4];                     // l = P 1 (64 x 8, every column the row's sum; if
+                                        // kRowSumsOnTensorCores)
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) acc_s[i] = 0.f;
     // The same registers in the sm80 fragment shape [1][N / 8][4] (mask.cuh, softmax.cuh).
     auto& s_frag = *reinterpret_cast<float(*)[1][kBlockN / 8][4]>(&acc_s);
     auto& o_frag = *reinterpret_cast<float(*)[1][Traits::kHeadDim / 8][4]>(&acc_o);
+    auto& l_frag = *reinterpret_cast<float(*)[1][1][4]>(&acc_l);
+    const uint64_t desc_ones = ptx90::make_smem_desc_sw128(smem.ones);  // K-major, any k step
     uint32_t p_frag[1][kBlockN / 16][4];
     const uint32_t q_rows = smem.q + 64 * c * 128;  // this warpgroup's 64 rows of each Q slab
 
@@ -416,6 +449,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
 #pragma unroll
         for (int i = 0; i < Traits::kHeadDim / 2; ++i) acc_o[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc_l[i] = 0.f;
         OnlineSoftmax<1> softmax;
         softmax.init();
 
@@ -450,6 +485,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         auto issue_pv = [&](int it) {
             const uint32_t v_tile = smem.v + stage_of(it) * Traits::kKVTileBytes;
             ptx90::fence_operand(acc_o);
+            if constexpr (kRowSumsOnTensorCores) ptx90::fence_operand(acc_l);
             ptx90::fence_operand(p_frag);
             ptx90::wgmma_fence();
 #pragma unroll
@@ -458,6 +494,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     ptx90::make_smem_desc_sw128(v_tile + 2048 * kk, Traits::kKVSlabBytes);
                 ptx90::wgmma_rs<Traits::kHeadDim, Element, true>(acc_o, p_frag[0][kk], desc_v,
                                                                  true);
+                if constexpr (kRowSumsOnTensorCores) {
+                    ptx90::wgmma_rs<8, Element, false>(acc_l, p_frag[0][kk], desc_ones, true);
+                }
             }
             ptx90::wgmma_commit();
         };
@@ -503,11 +542,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // the rescale, p_frag free, the previous V buffer released.
             ptx90::wgmma_wait<0>();
             ptx90::fence_operand(acc_o);
+            if constexpr (kRowSumsOnTensorCores) ptx90::fence_operand(acc_l);
             ptx90::fence_operand(p_frag);
             if (it > 0) ptx90::mbarrier_arrive(smem.empty_v(stage_of(it - 1)));
             OnlineSoftmax<1>::rescale(o_frag, o_scale);
             sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
-            add_p_row_sums<Element>(softmax.row_sum, p_frag);
+            if constexpr (kRowSumsOnTensorCores) {
+                OnlineSoftmax<1>::rescale(l_frag, o_scale);
+            } else {
+                add_p_row_sums<Element>(softmax.row_sum, p_frag);
+            }
             my_turn();
             if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
                 wait_phase(smem.full_k(stage_of(it + 1)), phase_of(it + 1));
@@ -529,14 +573,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         step(n_iters - 1, std::false_type{});
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_o);
+        if constexpr (kRowSumsOnTensorCores) ptx90::fence_operand(acc_l);
         ptx90::mbarrier_arrive(smem.empty_v(stage_of(n_iters - 1)));
         kv_base += n_iters;
         ++q_round;
 
-        // ---- Epilogue: O / l and lse straight from the registers (l: the quad's partial sums).
+        // ---- Epilogue: O / l and lse straight from the registers (l: row g in acc_l[0], row
+        // g + 8 in acc_l[2], whole rows already; or the quad's partial sums).
+        if constexpr (kRowSumsOnTensorCores) {
+            softmax.row_sum[0][0] = acc_l[0];
+            softmax.row_sum[0][1] = acc_l[2];
+        } else {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            softmax.row_sum[0][half] = quad_allreduce_sum(softmax.row_sum[0][half]);
+            for (int half = 0; half < 2; ++half) {
+                softmax.row_sum[0][half] = quad_allreduce_sum(softmax.row_sum[0][half]);
+            }
         }
         float lse[1][2];
         softmax.finalize(o_frag, lse, log2_scale);

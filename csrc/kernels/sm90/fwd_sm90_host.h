@@ -58,6 +58,21 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
     return p.seqlen_q <= 8192 && (p.d < 256 || p.seqlen_q >= 4096);
 }
 
+// Whether a head-dim-64 call takes key blocks of 192 (FwdSm90Config<64>::WideTraits) instead of
+// 128: fixed length, not causal, no window, at least 4096 keys, not pingpong. Measured on the
+// H200 (bench/NOTES.md run 161, d64 non-causal, 192 keys and 3 stages against 128 keys): s4096
+// 1.06x, s8192 1.11-1.14x, s16384 1.18-1.19x; s512-2048 0.79-0.97x (the last block's padding:
+// 2.67 blocks of 192 keys at s512) and causal 0.87-1.00x. FLASH_CUDA_SM90_KEYS192 in the
+// environment (tests, A/B runs; read per call): "0" never, another value for every d64
+// non-causal call (windows and varlen included); unset, this rule.
+inline bool fwd_sm90_wide_key_blocks(const FwdParams& p) {
+    if (p.d != 64 || p.is_causal || p.sm90_pingpong) return false;
+    const char* env = std::getenv("FLASH_CUDA_SM90_KEYS192");
+    if (env != nullptr && env[0] != '\0') return !(env[0] == '0' && env[1] == '\0');
+    return p.cu_seqlens_q == nullptr && p.window_size_left < 0 && p.window_size_right < 0 &&
+           p.seqlen_k >= 4096;
+}
+
 // The kernel's CTAs: persistent, one per SM (a CTA needs all of an SM's shared memory) and at
 // most one per tile; else one per tile.
 inline int fwd_sm90_ctas(const FwdParams& p, int num_sms) {

@@ -63,6 +63,12 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
     using Config = sm90::FwdSm90Config<HeadDim>;
     if (params.sm90_pingpong) {
         sm90::launch_fwd_sm90<Element, typename Config::PingpongTraits, Causal>(params, stream);
+    } else if constexpr (HeadDim == 64 && !Causal) {
+        if (sm90::fwd_sm90_wide_key_blocks(params)) {
+            sm90::launch_fwd_sm90<Element, typename Config::WideTraits, Causal>(params, stream);
+        } else {
+            sm90::launch_fwd_sm90<Element, typename Config::Traits, Causal>(params, stream);
+        }
     } else {
         sm90::launch_fwd_sm90<Element, typename Config::Traits, Causal>(params, stream);
     }
