@@ -219,14 +219,19 @@ def persistent_forward_calls():
     SMs (132), so that the sm90 forward's persistent CTAs each walk two or three tiles (the Q
     buffer and the K/V stages handed on from tile to tile; the last tile of each sequence ends
     mid-tile; causal: the level order's snake), with and without the pingpong turns
-    (FLASH_CUDA_SM90=pingpong)."""
-    b, s, h, d = 2, 300, 48, 128  # 3 tiles x 2 x 48 = 288 tiles
-    q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)
-    for mode in ("1", "pingpong"):
-        for causal in (False, True):
-            with environment(FLASH_CUDA_SM90=mode):
+    (FLASH_CUDA_SM90=pingpong). d128 (row sums by FADDs non-causal, on the tensor cores causal)
+    and d64 (tensor-core row sums, three K/V stages; non-causal also with the 192-key blocks,
+    FLASH_CUDA_SM90_KEYS192=1)."""
+    b, s, h = 2, 300, 48  # 3 tiles x 2 x 48 = 288 tiles
+    for d in (128, 64):
+        q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)
+        for mode, causal, keys192 in (("1", False, "0"), ("1", True, "0"), ("pingpong", False, "0"),
+                                      ("pingpong", True, "0"), ("1", False, "1")):
+            if keys192 == "1" and d != 64:
+                continue
+            with environment(FLASH_CUDA_SM90=mode, FLASH_CUDA_SM90_KEYS192=keys192):
                 run(f"persistent forward d{d} b{b} s{s} h{h} causal={causal} "
-                    f"FLASH_CUDA_SM90={mode}",
+                    f"FLASH_CUDA_SM90={mode} FLASH_CUDA_SM90_KEYS192={keys192}",
                     lambda: flash_cuda.flash_attn_func(q, k, v, causal=causal))
 
 
