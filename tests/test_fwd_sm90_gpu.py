@@ -80,6 +80,17 @@ def test_many_key_blocks_sm90(sk, d):
     base.assert_close_to_oracle(out, lse, q, k, v, causal=True)
 
 
+def tile_options(feature: str, h: int) -> dict:
+    """The softcap / ALiBi / window options of the tile tests below (none for other features)."""
+    if feature == "softcap":
+        return {"softcap": 10.0}
+    if feature == "alibi":
+        return {"alibi_slopes": torch.rand(h, device="cuda") * 0.3}
+    if feature == "window":
+        return {"window": (100, 20)}
+    return {}
+
+
 @pytest.mark.parametrize("feature", ("plain", "softcap", "alibi", "causal", "causal_odd", "window"))
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_persistent_tiles_sm90(feature, d, monkeypatch):
@@ -98,13 +109,9 @@ def test_persistent_tiles_sm90(feature, d, monkeypatch):
     if feature == "causal_odd":
         sk = 133
     q, k, v = base.make_qkv(b, sq, sk, h, hk, d, torch.bfloat16)
-    opts = {"softcap": 10.0} if feature == "softcap" else {}
-    if feature == "alibi":
-        opts["alibi_slopes"] = torch.rand(h, device="cuda") * 0.3
+    opts = tile_options(feature, h)
     if feature.startswith("causal"):
         opts["causal"] = True
-    if feature == "window":
-        opts["window"] = (100, 20)
     if feature.startswith("causal") or feature == "window":
         monkeypatch.setenv("FLASH_CUDA_SM90_PERSIST", "1")
     out, lse = base.fwd(q, k, v, **opts)
@@ -129,10 +136,6 @@ def test_wide_key_blocks_sm90(feature, d, monkeypatch):
     dtype = torch.float16 if feature == "long_fp16" else torch.bfloat16
     sk = 4096 + 99 if long else 500
     q, k, v = base.make_qkv(2, 300, sk, 8, 2, d, dtype)
-    opts = {"softcap": 10.0} if feature == "softcap" else {}
-    if feature == "alibi":
-        opts["alibi_slopes"] = torch.rand(8, device="cuda") * 0.3
-    if feature == "window":
-        opts["window"] = (100, 20)
+    opts = tile_options(feature, 8)
     out, lse = base.fwd(q, k, v, **opts)
     base.assert_close_to_oracle(out, lse, q, k, v, **opts)

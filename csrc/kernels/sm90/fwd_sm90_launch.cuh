@@ -61,14 +61,14 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
         throw std::runtime_error("flash_cuda: the sm90 forward kernel does not cover this call");
     }
     using Config = sm90::FwdSm90Config<HeadDim>;
+    if constexpr (HeadDim == 64 && !Causal) {  // the only kernel with a wide-key variant
+        if (sm90::fwd_sm90_wide_key_blocks(params)) {  // never with pingpong
+            sm90::launch_fwd_sm90<Element, typename Config::WideTraits, Causal>(params, stream);
+            return;
+        }
+    }
     if (params.sm90_pingpong) {
         sm90::launch_fwd_sm90<Element, typename Config::PingpongTraits, Causal>(params, stream);
-    } else if constexpr (HeadDim == 64 && !Causal) {
-        if (sm90::fwd_sm90_wide_key_blocks(params)) {
-            sm90::launch_fwd_sm90<Element, typename Config::WideTraits, Causal>(params, stream);
-        } else {
-            sm90::launch_fwd_sm90<Element, typename Config::Traits, Causal>(params, stream);
-        }
     } else {
         sm90::launch_fwd_sm90<Element, typename Config::Traits, Causal>(params, stream);
     }
