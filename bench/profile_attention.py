@@ -1,7 +1,7 @@
 """Kernel launches for a profiler (ncu) to compare. Not a benchmark: no timing here.
 
 Prefill (default): one call of flash_cuda and one of SDPA's FLASH backend (FlashAttention-2) on
-the same inputs, forward or forward+backward.
+the same inputs, forward or forward+backward; --cudnn adds one through SDPA's cuDNN backend.
 
     PYTHONPATH=. ncu --clock-control none -k regex:"mha_bwd_sm80_kernel|flash_bwd_dq_dk_dv" -c 2 \
         python3 bench/profile_attention.py --d 128 --seqlen 4096 --bwd
@@ -40,6 +40,15 @@ def prefill(args) -> None:
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=args.causal)
         if args.bwd:
             out.backward(torch.randn_like(out))
+    if args.cudnn:  # the same call through SDPA's cuDNN backend, on (b, h, s, d) copies as in
+        # bench_attention.py
+        qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(args.bwd)
+                      for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                   is_causal=args.causal)
+            if args.bwd:
+                out.backward(torch.randn_like(out))
 
 
 def decode(args) -> None:
@@ -96,8 +105,8 @@ def main() -> None:
                         "'VAR=VALUE,VAR=VALUE' set before its step (flash_cuda's switches, read "
                         "per call), e.g. 'FLASH_CUDA_DECODE_RING=0;FLASH_CUDA_DECODE_RING=1'")
     p.add_argument("--cudnn", action="store_true",
-                   help="decode: also the step through SDPA's cuDNN backend (after the "
-                        "contiguous flash_cuda step)")
+                   help="also SDPA's cuDNN backend: prefill, the same call after FA2's; decode, "
+                        "the step after the contiguous flash_cuda step")
     args = p.parse_args()
     if args.decode:
         decode(args)

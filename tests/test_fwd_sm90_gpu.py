@@ -139,3 +139,25 @@ def test_wide_key_blocks_sm90(feature, d, monkeypatch):
     opts = tile_options(feature, 8)
     out, lse = base.fwd(q, k, v, **opts)
     base.assert_close_to_oracle(out, lse, q, k, v, **opts)
+
+
+@pytest.mark.parametrize("ostore", ("0", "1"), ids=("registers", "tma"))
+@pytest.mark.parametrize("shape", ("ragged", "warpgroup_past_end", "causal_many_tiles", "long"))
+@pytest.mark.parametrize("d", (128,))
+def test_o_store_sm90(shape, ostore, d, monkeypatch):
+    """O out of the d128 kernel both ways, forced by FLASH_CUDA_SM90_OSTORE (the launcher's rule
+    takes the TMA stores for short fixed-length calls): from the registers ("0") and through the
+    shared-memory buffer and TMA stores ("1"), against the oracle. "ragged": the last tile's
+    second warpgroup has 8 of its 64 rows (the TMA clips the rest at seqlen_q);
+    "warpgroup_past_end": the last tile has 2 rows, its second warpgroup's box lies wholly past
+    seqlen_q (not stored); "causal_many_tiles": persistent CTAs walking several tiles each, so
+    every warpgroup reuses its buffer after waiting for its previous store; "long": 4099 keys."""
+    monkeypatch.setenv("FLASH_CUDA_SM90_OSTORE", ostore)
+    b, sq, sk, h, hk, causal = {"ragged": (3, 200, 333, 4, 2, False),
+                                "warpgroup_past_end": (2, 130, 250, 4, 4, False),
+                                "causal_many_tiles": (2, 1000, 1000, 24, 8, True),
+                                "long": (1, 300, 4099, 4, 1, False)}[shape]
+    q, k, v = base.make_qkv(b, sq, sk, h, hk, d, torch.bfloat16)
+    base.poison_allocator(q.numel() * 2 + b * sq * h * 4)  # out and lse start as NaN
+    out, lse = base.fwd(q, k, v, causal=causal)
+    base.assert_close_to_oracle(out, lse, q, k, v, causal=causal)

@@ -92,12 +92,16 @@ template <typename Element, bool Causal, typename Traits>
 bool run_sm90_traits(FwdParams& params) {
     namespace s90 = flash_cuda::sm90;
     s90::FwdTensorMaps maps;
-    if (s90::make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps) != 0) {
+    CUtensorMap o_map;
+    const bool store_o_by_tma = s90::fwd_sm90_store_o_by_tma(params);  // as the launcher
+    if (s90::make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps) != 0 ||
+        s90::make_fwd_out_map(params, store_o_by_tma, &o_map) != 0) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
         std::exit(2);
     }
-    std::printf("emulator: sm90 forward%s, key blocks of %d\n",
-                Traits::kPingpong ? " (pingpong)" : "", Traits::kBlockN);
+    std::printf("emulator: sm90 forward%s, key blocks of %d, O stored %s\n",
+                Traits::kPingpong ? " (pingpong)" : "", Traits::kBlockN,
+                Traits::kStoreOByTma && store_o_by_tma ? "by TMA" : "from registers");
     // A persistent grid of 3 CTAs (EMU_NUM_SMS) for every call, whatever the launcher's rule
     // (fwd_sm90_persistent: one CTA per tile for windows and varlen): the CTAs walk several
     // tiles, so the barrier rounds across tiles (causal: the level order's snake), windows and
@@ -109,7 +113,8 @@ bool run_sm90_traits(FwdParams& params) {
     flash_cuda::with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
             s90::mha_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
-                                     decltype(softcap)::value>(params, maps.q, maps.k, maps.v);
+                                     decltype(softcap)::value>(params, maps.q, maps.k, maps.v,
+                                                                    o_map, store_o_by_tma);
         });
     });
     return true;

@@ -1,8 +1,7 @@
 // Forward on Hopper (sm_90a): TMA loads and wgmma, warp-specialised (../shared/DESIGN.md
 // section 6).
 // The next block's S overlaps this block's softmax inside each consumer warpgroup; the pingpong
-// variant also makes the two consumer warpgroups take turns issuing their GEMMs (below). No TMA
-// store.
+// variant also makes the two consumer warpgroups take turns issuing their GEMMs (below).
 //
 // One tile = kBlockM = 128 query rows of one (batch, head); a CTA, 3 warpgroups (384 threads):
 //   warpgroup 0, the producer (registers lowered to 24): one thread issues the TMA copies --
@@ -22,11 +21,14 @@
 //                      tensor cores (no ALU work per score), rescaled with O -- at d64 and when
 //                      causal; else FADDs of the 16-bit P per thread (add_p_row_sums),
 //                      quad-reduced at the epilogue (kRowSumsOnTensorCores)
-//   Epilogue: O / l straight from the accumulators to global (4-byte stores), lse per row.
+//   Epilogue: O / l, lse per row. O either straight from the accumulators to global (4-byte
+//     stores) or, d128 calls the launcher picks (fwd_sm90_store_o_by_tma: fixed length, short
+//     tiles), into a shared-memory buffer laid out as Q and out by TMA stores (one thread per
+//     warpgroup, 64-row boxes), which the warpgroup does not wait for until its next epilogue.
 // Shared memory, each operand as 64-column slabs of rows of 128 bytes, the 128-byte swizzle
 // (what the TMA writes for a 64-element box and the wgmma descriptors read):
-//   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     ones [8][64]     then
-//   the mbarriers
+//   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     O (d128) as Q
+//   ones [8][64]     then the mbarriers
 //
 // Tensors as in sm80/fwd.cuh (q, k, v, o, lse; fixed length or varlen), read through rank-4
 // tensor maps (column, row, head, batch) built by the launcher (fwd_sm90_launch.cuh):
@@ -87,8 +89,13 @@ struct FwdSm90Traits {
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
+    // O staged for TMA stores (calls fwd_sm90_store_o_by_tma picks), laid out as Q: d128 only
+    // (at d256 Q and the K / V stages take 224 KB; d64 measured slower with it, run 165).
+    static constexpr bool kStoreOByTma = HeadDim == 128;
+    static constexpr int kSmemOOffset = kSmemVOffset + kStages * kKVTileBytes;
+    static constexpr int kOBytes = kStoreOByTma ? kQBytes : 0;
     // The row sums' B operand (l += P 1): ones, one K-major swizzle atom (8 rows x 64 elements).
-    static constexpr int kSmemOnesOffset = kSmemVOffset + kStages * kKVTileBytes;
+    static constexpr int kSmemOnesOffset = kSmemOOffset + kOBytes;
     static constexpr int kOnesBytes = 1024;
     static constexpr int kSmemBarOffset = kSmemOnesOffset + kOnesBytes;
     // mbarriers: full Q, then per stage full K, full V, empty K, empty V; last empty Q.
@@ -132,13 +139,14 @@ struct FwdSm90Config {
 // Shared-memory addresses of the CTA's tiles and barriers.
 template <typename Traits>
 struct Sm90Smem {
-    uint32_t q, k, v, ones, bar;
+    uint32_t q, k, v, o, ones, bar;
     __device__ __forceinline__ static Sm90Smem make() {
         const uint32_t raw = ptx::smem_addr(ptx::dynamic_smem());
         Sm90Smem s;
         s.q = (raw + 1023u) & ~1023u;
         s.k = s.q + Traits::kSmemKOffset;
         s.v = s.q + Traits::kSmemVOffset;
+        s.o = s.q + Traits::kSmemOOffset;
         s.ones = s.q + Traits::kSmemOnesOffset;
         s.bar = s.q + Traits::kSmemBarOffset;
         return s;
@@ -248,7 +256,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_fwd_sm90_kernel(const __grid_constant__ FwdParams params,
                         const __grid_constant__ CUtensorMap q_map,
                         const __grid_constant__ CUtensorMap k_map,
-                        const __grid_constant__ CUtensorMap v_map) {
+                        const __grid_constant__ CUtensorMap v_map,
+                        const __grid_constant__ CUtensorMap o_map, const bool store_o_by_tma) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // A pass for an architecture without wgmma / setmaxnreg (the instantiation files compile
     // for every architecture of the build): no body. flash_api.cpp launches this kernel only
@@ -398,6 +407,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const uint64_t desc_ones = ptx90::make_smem_desc_sw128(smem.ones);  // K-major, any k step
     uint32_t p_frag[1][kBlockN / 16][4];
     const uint32_t q_rows = smem.q + 64 * c * 128;  // this warpgroup's 64 rows of each Q slab
+    // O leaves through shared memory and TMA stores where the launcher says so (store_o_by_tma;
+    // o_map: (column, row, head, batch), boxes of 64 x 64, fixed length only: a varlen tile's
+    // rows past its sequence belong to the next one), else by 4-byte stores from the registers.
+    // Named barriers kOStoreBarrier + c: the warpgroup's staging buffer (1 and 2 are the
+    // pingpong turns).
+    const bool o_by_tma = Traits::kStoreOByTma && store_o_by_tma;
+    constexpr uint32_t kOStoreBarrier = 3;
 
     // Pingpong: each batch of GEMMs (the first S; then each step's next S and P V) is issued
     // between bar.sync on this warpgroup's barrier (1 + c) and bar.arrive on the other's, so the
@@ -594,8 +610,45 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
+            if (lane % 4 == 0 && row < out.valid_rows) out.lse[row] = lse[0][half];
+        }
+        if (o_by_tma) {
+            // The warpgroup's 64 rows of O into its rows of the staging buffer (the layout the
+            // TMA reads with the 128-byte swizzle: 16-byte chunk j of row r at j ^ (r % 8); a
+            // warp's 8 rows x 16 bytes per store hit 32 distinct banks), then one thread stores
+            // them with kSlabs TMA boxes of 64 x 64. First the warpgroup's previous store must
+            // have read the buffer (its issuing thread waits; the named barrier tells the rest).
+            if (t == 0) ptx90::bulk_wait_group_read<0>();
+            ptx90::named_barrier_sync(kOStoreBarrier + c, 128);
+            const uint32_t o_rows = smem.o + 64 * c * 128;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = 16 * (t / 32) + 8 * half + lane / 4;  // in the warpgroup's rows
+                const uint32_t row_addr = o_rows + r * 128 + 4 * (lane % 4);
+#pragma unroll
+                for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
+                    const uint32_t pair = ptx::pack_float2<Element>(o_frag[0][dt][2 * half],
+                                                                    o_frag[0][dt][2 * half + 1]);
+                    ptx::st_shared_4(row_addr + (dt / 8) * Traits::kQSlabBytes +
+                                         (((dt % 8) ^ (lane / 4)) << 4),
+                                     pair);
+                }
+            }
+            ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
+            ptx90::named_barrier_sync(kOStoreBarrier + c, 128);
+            if (t == 0 && m0 + 64 * c < params.seqlen_q) {  // rows past seqlen_q are clipped
+                for (int slab = 0; slab < kSlabs; ++slab) {
+                    ptx90::tma_store_4d(&o_map, o_rows + slab * Traits::kQSlabBytes, 64 * slab,
+                                        m0 + 64 * c, head, batch);
+                }
+                ptx90::bulk_commit_group();
+            }
+            continue;
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
             if (row >= out.valid_rows) continue;
-            if (lane % 4 == 0) out.lse[row] = lse[0][half];
             Element* o_row =
                 out.o + static_cast<int64_t>(row) * params.o_row_stride + 2 * (lane % 4);
 #pragma unroll
@@ -606,6 +659,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         }
     }
+    // The shared memory must outlive the TMA stores' reads of it.
+    if (o_by_tma && t == 0) ptx90::bulk_wait_group<0>();
     if constexpr (Traits::kPingpong) {
         if (c == 0) ptx90::named_barrier_sync(1, 256);  // warpgroup 1's last arrival
     }

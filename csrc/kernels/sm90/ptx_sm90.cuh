@@ -118,6 +118,40 @@ __device__ __forceinline__ void tma_load_4d(uint32_t smem_dst, const void* tenso
         : "memory");
 }
 
+// cp.async.bulk.tensor.4d.global.shared::cta.bulk_group: shared memory (1024-byte aligned for
+// the 128-byte swizzle) into the box of a rank-4 tensor map at (c0 innermost .. c3); elements
+// past the tensor's extent in any dimension are not written. Asynchronous: the shared memory may
+// be overwritten only after bulk_wait_group_read, and the generic proxy's writes to it must be
+// made visible to the async proxy first (fence_proxy_async_shared).
+__device__ __forceinline__ void tma_store_4d(const void* tensor_map, uint32_t smem_src, int c0,
+                                             int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+        ::"l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_src), "r"(c0), "r"(c1), "r"(c2),
+        "r"(c3)
+        : "memory");
+}
+
+// cp.async.bulk.commit_group: the thread's bulk stores issued since the last commit form a
+// group.
+__device__ __forceinline__ void bulk_commit_group() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// cp.async.bulk.wait_group.read N: all but the newest N of the thread's groups have read their
+// shared memory (it may be overwritten).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// cp.async.bulk.wait_group N: all but the newest N of the thread's groups are complete (their
+// writes done).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // ---- wgmma ----
 
 // Shared-memory matrix descriptor with the 128-byte swizzle: start address (>> 4) in bits

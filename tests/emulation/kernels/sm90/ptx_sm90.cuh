@@ -10,6 +10,9 @@
 //   barrier or before its next arrival): a buffer read without its wait still holds old bytes.
 //   A wait that never completes fails the run after EMU_WAIT_SECONDS (default 20) instead of
 //   hanging.
+// - TMA stores (shared to global) are kept per thread and carried out when a bulk wait_group
+//   retires their group: shared memory overwritten before that wait, or a store never waited
+//   for, gives wrong or missing output.
 // - wgmma computes at issue from the shared-memory operands the descriptors describe (start
 //   address, leading / stride byte offsets, 128-byte swizzle on address bits 4-6 ^ 7-9); the
 //   register-A form exchanges the A fragments through the warpgroup (prelude.h WarpgroupContext).
@@ -22,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "kernels/ptx.cuh"  // the host versions: ptx::load_b16, b16_to_float
 #include "kernels/sm90/tensor_map.h"
@@ -298,6 +302,82 @@ inline void tma_load(uint32_t smem_dst, const void* tensor_map, const int (&c)[4
     stage_copy(bar, smem_dst, std::move(image));
 }
 }  // namespace detail
+
+namespace detail {
+// A TMA store issued by this thread: read from shared memory and written to global memory only
+// when a bulk_wait_group(_read) retires its group -- the latest moment the hardware may read the
+// shared memory -- so a kernel that overwrites the buffer before its wait, or exits without
+// waiting, writes wrong or no output here.
+struct PendingStore {
+    const void* tensor_map;
+    uint32_t smem_src;
+    int c[4];
+};
+struct BulkGroups {
+    std::vector<PendingStore> open;                 // issued since the last commit
+    std::vector<std::vector<PendingStore>> groups;  // committed, oldest first
+};
+inline thread_local BulkGroups tl_bulk_groups;
+
+inline void tma_store_now(const PendingStore& st) {
+    const sm90::TensorMapDesc& m = sm90::tensor_map_fields(st.tensor_map);
+    const uint32_t row_bytes = m.box[0] * 2;
+    const uint32_t rows = m.box[1] * m.box[2] * m.box[3];
+    const unsigned char* image = emu::smem_at(st.smem_src, row_bytes * rows,
+                                              m.swizzle_bytes == 128 ? 1024 : 128);
+    for (uint32_t r = 0; r < rows; ++r) {
+        const long long i1 = r % m.box[1], i2 = (r / m.box[1]) % m.box[2];
+        const long long i3 = r / (m.box[1] * m.box[2]);
+        const long long y[3] = {st.c[1] + i1, st.c[2] + i2, st.c[3] + i3};
+        bool row_in = true;
+        long long row_off = 0;
+        for (int d = 1; d < 4; ++d) {
+            if (d >= m.rank) {
+                if (y[d - 1] != 0) row_in = false;
+                continue;
+            }
+            if (y[d - 1] < 0 || y[d - 1] >= static_cast<long long>(m.dims[d])) row_in = false;
+            row_off += y[d - 1] * static_cast<long long>(m.strides_bytes[d]);
+        }
+        if (!row_in) continue;  // past the tensor: not written
+        for (uint32_t e = 0; e < m.box[0]; ++e) {
+            const long long x = static_cast<long long>(st.c[0]) + e;
+            if (x < 0 || x >= static_cast<long long>(m.dims[0])) continue;
+            uint32_t off = r * row_bytes + e * 2;
+            if (m.swizzle_bytes == 128) off ^= ((off >> 7) & 7u) << 4;
+            auto* dst = static_cast<unsigned char*>(const_cast<void*>(m.base)) + row_off + x * 2;
+            std::memcpy(dst, image + off, 2);
+        }
+    }
+}
+
+inline void retire_bulk_groups(size_t keep) {
+    BulkGroups& g = tl_bulk_groups;
+    while (g.groups.size() > keep) {
+        for (const PendingStore& st : g.groups.front()) tma_store_now(st);
+        g.groups.erase(g.groups.begin());
+    }
+}
+}  // namespace detail
+
+inline void tma_store_4d(const void* tensor_map, uint32_t smem_src, int c0, int c1, int c2,
+                         int c3) {
+    sm90::tensor_map_fields(tensor_map);  // fails on a map that was not encoded
+    detail::tl_bulk_groups.open.push_back({tensor_map, smem_src, {c0, c1, c2, c3}});
+}
+inline void bulk_commit_group() {
+    detail::BulkGroups& g = detail::tl_bulk_groups;
+    g.groups.push_back(std::move(g.open));
+    g.open.clear();
+}
+template <int kPending>
+inline void bulk_wait_group_read() {
+    detail::retire_bulk_groups(kPending);
+}
+template <int kPending>
+inline void bulk_wait_group() {
+    detail::retire_bulk_groups(kPending);
+}
 
 inline void tma_load_2d(uint32_t smem_dst, const void* tensor_map, int c0, int c1, uint32_t bar) {
     detail::tma_load(smem_dst, tensor_map, {c0, c1, 0, 0}, bar);
