@@ -27,18 +27,21 @@ def skip_unbuilt_head_dim(request) -> None:
         pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
 
 
-# The key block and the pingpong flag of the sm90 forward's traits (kernels/sm90/fwd_sm90.cuh
-# FwdSm90Traits<HeadDim, BlockN, Stages, Pingpong>) in a kernel name, demangled or mangled.
-_FWD_TRAITS = re.compile(r"FwdSm90Traits<\d+, (\d+), \d+, (true|false)>|"
-                         r"FwdSm90TraitsILi\d+ELi(\d+)ELi\d+ELb([01])E")
+# The key block, the pingpong flag and the staged-O flag of the sm90 forward's traits
+# (kernels/sm90/fwd_sm90.cuh FwdSm90Traits<HeadDim, BlockN, Stages, Pingpong, StoreOByTma>) in a
+# kernel name, demangled or mangled.
+_FWD_TRAITS = re.compile(r"FwdSm90Traits<\d+, (\d+), \d+, (true|false), (true|false)>|"
+                         r"FwdSm90TraitsILi\d+ELi(\d+)ELi\d+ELb([01])ELb([01])E")
 
 
 @contextlib.contextmanager
-def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_block=None):
+def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_block=None,
+                     fwd_staged_o=None):
     """FLASH_CUDA_SM90=mode inside the block (flash_api.cpp reads it per call); afterwards a CUDA
     kernel whose name contains `kernel_name` must have been launched in it. With mode "pingpong"
     every sm90 forward kernel launched must be the pingpong variant, with "1" none may be; with
-    fwd_key_block, every one must have key blocks of that many rows."""
+    fwd_key_block, every one must have key blocks of that many rows; with fwd_staged_o (a bool),
+    every one must (not) store O through shared memory and the TMA."""
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setenv("FLASH_CUDA_SM90", mode)
@@ -53,8 +56,11 @@ def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_blo
             continue
         match = _FWD_TRAITS.search(name)
         assert match, f"no FwdSm90Traits in the kernel name {name!r}"
-        pingpong = match.group(2) == "true" or match.group(4) == "1"
+        pingpong = match.group(2) == "true" or match.group(5) == "1"
         assert pingpong == (mode == "pingpong"), f"FLASH_CUDA_SM90={mode} launched {name!r}"
-        block_n = int(match.group(1) or match.group(3))
+        block_n = int(match.group(1) or match.group(4))
         assert fwd_key_block in (None, block_n), \
             f"key blocks of {block_n}, not {fwd_key_block}, in {name!r}"
+        staged_o = match.group(3) == "true" or match.group(6) == "1"
+        assert fwd_staged_o in (None, staged_o), \
+            f"O {'not ' if fwd_staged_o else ''}through shared memory expected, got {name!r}"

@@ -18,13 +18,18 @@ pytestmark = [pytest.mark.gpu, SM90_GPU]
 # Every test runs both variants of the kernel: the default and the pingpong one
 # (FLASH_CUDA_SM90=pingpong: the consumer warpgroups take turns at the tensor cores).
 # A test marked sm90_wide_keys expects d64's key blocks of 192 in the default variant (the
-# pingpong one keeps 128).
+# pingpong one keeps 128); a test with an `ostore` parameter (FLASH_CUDA_SM90_OSTORE) expects the
+# d128 kernel with O through shared memory where it is "1" in the default variant, else not.
 @pytest.fixture(autouse=True, params=("1", "pingpong"), ids=("default", "pingpong"))
 def sm90_forward(monkeypatch, request):
     skip_unbuilt_head_dim(request)
     wide = request.node.get_closest_marker("sm90_wide_keys") is not None
     key_block = (192 if request.param == "1" else 128) if wide else None
-    with sm90_kernel_runs(monkeypatch, "mha_fwd_sm90_kernel", request.param, key_block):
+    callspec = getattr(request.node, "callspec", None)
+    ostore = callspec.params.get("ostore") if callspec is not None else None
+    staged_o = None if ostore is None else (ostore == "1" and request.param == "1")
+    with sm90_kernel_runs(monkeypatch, "mha_fwd_sm90_kernel", request.param, key_block,
+                          staged_o):
         yield
 
 
@@ -146,8 +151,9 @@ def test_wide_key_blocks_sm90(feature, d, monkeypatch):
 @pytest.mark.parametrize("d", (128,))
 def test_o_store_sm90(shape, ostore, d, monkeypatch):
     """O out of the d128 kernel both ways, forced by FLASH_CUDA_SM90_OSTORE (the launcher's rule
-    takes the TMA stores for short fixed-length calls): from the registers ("0") and through the
-    shared-memory buffer and TMA stores ("1"), against the oracle. "ragged": the last tile's
+    takes the staged-O kernel for short fixed-length calls): from the registers ("0") and through
+    the shared-memory buffer and TMA stores ("1"; the pingpong variant has registers only),
+    against the oracle; the fixture checks which kernel ran. "ragged": the last tile's
     second warpgroup has 8 of its 64 rows (the TMA clips the rest at seqlen_q);
     "warpgroup_past_end": the last tile has 2 rows, its second warpgroup's box lies wholly past
     seqlen_q (not stored); "causal_many_tiles": persistent CTAs walking several tiles each, so

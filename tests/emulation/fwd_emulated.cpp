@@ -93,15 +93,14 @@ bool run_sm90_traits(FwdParams& params) {
     namespace s90 = flash_cuda::sm90;
     s90::FwdTensorMaps maps;
     CUtensorMap o_map;
-    const bool store_o_by_tma = s90::fwd_sm90_store_o_by_tma(params);  // as the launcher
     if (s90::make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps) != 0 ||
-        s90::make_fwd_out_map(params, store_o_by_tma, &o_map) != 0) {
+        s90::make_fwd_out_map(params, Traits::kStoreOByTma, &o_map) != 0) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
         std::exit(2);
     }
     std::printf("emulator: sm90 forward%s, key blocks of %d, O stored %s\n",
                 Traits::kPingpong ? " (pingpong)" : "", Traits::kBlockN,
-                Traits::kStoreOByTma && store_o_by_tma ? "by TMA" : "from registers");
+                Traits::kStoreOByTma ? "by TMA" : "from registers");
     // A persistent grid of 3 CTAs (EMU_NUM_SMS) for every call, whatever the launcher's rule
     // (fwd_sm90_persistent: one CTA per tile for windows and varlen): the CTAs walk several
     // tiles, so the barrier rounds across tiles (causal: the level order's snake), windows and
@@ -114,7 +113,7 @@ bool run_sm90_traits(FwdParams& params) {
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
             s90::mha_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
                                      decltype(softcap)::value>(params, maps.q, maps.k, maps.v,
-                                                                    o_map, store_o_by_tma);
+                                                                    o_map);
         });
     });
     return true;
@@ -138,6 +137,11 @@ bool run_sm90(FwdParams& params) {
     if constexpr (EMU_HEAD_DIM == 64 && !Causal) {  // the launcher's key-block choice
         if (s90::fwd_sm90_wide_key_blocks(params)) {
             return run_sm90_traits<Element, Causal, typename Config::WideTraits>(params);
+        }
+    }
+    if constexpr (EMU_HEAD_DIM == 128) {  // the launcher's staged-O choice
+        if (s90::fwd_sm90_store_o_by_tma(params)) {
+            return run_sm90_traits<Element, Causal, typename Config::StagedOTraits>(params);
         }
     }
     return run_sm90_traits<Element, Causal, typename Config::Traits>(params);

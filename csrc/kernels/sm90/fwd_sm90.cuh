@@ -22,13 +22,13 @@
 //                      causal; else FADDs of the 16-bit P per thread (add_p_row_sums),
 //                      quad-reduced at the epilogue (kRowSumsOnTensorCores)
 //   Epilogue: O / l, lse per row. O either straight from the accumulators to global (4-byte
-//     stores) or, d128 calls the launcher picks (fwd_sm90_store_o_by_tma: fixed length, short
-//     tiles), into a shared-memory buffer laid out as Q and out by TMA stores (one thread per
-//     warpgroup, 64-row boxes), which the warpgroup does not wait for until its next epilogue.
+//     stores) or (StagedOTraits, d128 calls the launcher picks: fwd_sm90_store_o_by_tma, fixed
+//     length, short tiles) into a shared-memory buffer laid out as Q and out by TMA stores (one
+//     thread per warpgroup, 64-row boxes), which the warpgroup waits for at its next epilogue.
 // Shared memory, each operand as 64-column slabs of rows of 128 bytes, the 128-byte swizzle
 // (what the TMA writes for a 64-element box and the wgmma descriptors read):
-//   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     O (d128) as Q
-//   ones [8][64]     then the mbarriers
+//   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     O as Q (staged O
+//   only)     ones [8][64]     then the mbarriers
 //
 // Tensors as in sm80/fwd.cuh (q, k, v, o, lse; fixed length or varlen), read through rank-4
 // tensor maps (column, row, head, batch) built by the launcher (fwd_sm90_launch.cuh):
@@ -67,7 +67,7 @@
 namespace flash_cuda {
 namespace sm90 {
 
-template <int HeadDim, int BlockN, int Stages, bool Pingpong>
+template <int HeadDim, int BlockN, int Stages, bool Pingpong, bool StoreOByTma = false>
 struct FwdSm90Traits {
     static constexpr int kHeadDim = HeadDim;
     static constexpr int kBlockM = 128;
@@ -89,9 +89,9 @@ struct FwdSm90Traits {
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
-    // O staged for TMA stores (calls fwd_sm90_store_o_by_tma picks), laid out as Q: d128 only
-    // (at d256 Q and the K / V stages take 224 KB; d64 measured slower with it, run 165).
-    static constexpr bool kStoreOByTma = HeadDim == 128;
+    // O leaves through a shared-memory buffer laid out as Q and TMA stores (fixed length only:
+    // the launcher's StagedOTraits), else by 4-byte stores from the registers.
+    static constexpr bool kStoreOByTma = StoreOByTma;
     static constexpr int kSmemOOffset = kSmemVOffset + kStages * kKVTileBytes;
     static constexpr int kOBytes = kStoreOByTma ? kQBytes : 0;
     // The row sums' B operand (l += P 1): ones, one K-major swizzle atom (8 rows x 64 elements).
@@ -115,6 +115,7 @@ struct FwdSm90Traits {
                   "sm90 forward: head dims 64, 128 and 256");
     static_assert(BlockN % 16 == 0 && BlockN <= 256, "wgmma N: a multiple of 16, at most 256");
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+    static_assert(!StoreOByTma || !Pingpong, "the staged O is not built with the pingpong turns");
 };
 
 // Traits: the default tile; PingpongTraits: the same with the warpgroups taking turns
@@ -127,6 +128,10 @@ struct FwdSm90Traits {
 // cost more than the fewer, longer blocks save). At d128 / d256 wider blocks do not fit the
 // consumers' registers (d128: 160 or 176 keys serialise the wgmma). (A variant without the overlap
 // inside the warpgroup measured 0-5% slower, bench/NOTES.md run 33, and was dropped.)
+// StagedOTraits (d128 only): Traits with O leaving through shared memory (32 KB more) and TMA
+// stores, for the short fixed-length calls fwd_sm90_store_o_by_tma picks (bench/NOTES.md run
+// 165: 1.06-1.18x on short tiles, 0.95-0.99x on long ones, 0.82-1.01x at d64; a separate
+// instantiation, so the other calls keep the kernel without the buffer).
 template <int HeadDim>
 struct FwdSm90Config {
     static constexpr int kBlockN = HeadDim <= 128 ? 128 : 80;
@@ -134,6 +139,7 @@ struct FwdSm90Config {
     using Traits = FwdSm90Traits<HeadDim, kBlockN, kStages, false>;
     using PingpongTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, true>;
     using WideTraits = FwdSm90Traits<HeadDim, 192, 3, false>;  // HeadDim 64 only
+    using StagedOTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, true>;  // 128 only
 };
 
 // Shared-memory addresses of the CTA's tiles and barriers.
@@ -257,7 +263,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                         const __grid_constant__ CUtensorMap q_map,
                         const __grid_constant__ CUtensorMap k_map,
                         const __grid_constant__ CUtensorMap v_map,
-                        const __grid_constant__ CUtensorMap o_map, const bool store_o_by_tma) {
+                        const __grid_constant__ CUtensorMap o_map) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // A pass for an architecture without wgmma / setmaxnreg (the instantiation files compile
     // for every architecture of the build): no body. flash_api.cpp launches this kernel only
@@ -407,12 +413,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const uint64_t desc_ones = ptx90::make_smem_desc_sw128(smem.ones);  // K-major, any k step
     uint32_t p_frag[1][kBlockN / 16][4];
     const uint32_t q_rows = smem.q + 64 * c * 128;  // this warpgroup's 64 rows of each Q slab
-    // O leaves through shared memory and TMA stores where the launcher says so (store_o_by_tma;
-    // o_map: (column, row, head, batch), boxes of 64 x 64, fixed length only: a varlen tile's
-    // rows past its sequence belong to the next one), else by 4-byte stores from the registers.
-    // Named barriers kOStoreBarrier + c: the warpgroup's staging buffer (1 and 2 are the
-    // pingpong turns).
-    const bool o_by_tma = Traits::kStoreOByTma && store_o_by_tma;
+    // O through shared memory and TMA stores (kStoreOByTma; o_map: (column, row, head, batch),
+    // boxes of 64 x 64; fixed length only: a varlen tile's rows past its sequence belong to the
+    // next one), else by 4-byte stores from the registers. Named barriers kOStoreBarrier + c: the
+    // warpgroup's staging buffer (1 and 2 are the pingpong turns).
+    constexpr bool o_by_tma = Traits::kStoreOByTma;
     constexpr uint32_t kOStoreBarrier = 3;
 
     // Pingpong: each batch of GEMMs (the first S; then each step's next S and P V) is issued
@@ -612,7 +617,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
             if (lane % 4 == 0 && row < out.valid_rows) out.lse[row] = lse[0][half];
         }
-        if (o_by_tma) {
+        if constexpr (o_by_tma) {
             // The warpgroup's 64 rows of O into its rows of the staging buffer (the layout the
             // TMA reads with the 128-byte swizzle: 16-byte chunk j of row r at j ^ (r % 8); a
             // warp's 8 rows x 16 bytes per store hit 32 distinct banks), then one thread stores

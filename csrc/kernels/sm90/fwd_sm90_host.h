@@ -135,25 +135,26 @@ inline int make_fwd_tensor_maps(const FwdParams& p, uint32_t q_box_rows, uint32_
     return r;
 }
 
-// Whether O leaves the d128 kernel through shared memory and TMA stores (FwdSm90Traits::
-// kStoreOByTma) rather than 4-byte stores from the registers: fixed length (the TMA store clips
-// at seqlen_q; a varlen tile's rows past its sequence belong to the next one) and short tiles,
-// where the epilogue is a large share of a tile. Measured on the H200 (bench/NOTES.md run 165,
-// against the register stores): causal s512 / s1k / s2k 1.18 / 1.12 / 1.06-1.08x, s4k 1.02x
-// (GQA 32/8 0.97x), s8k 0.98x; non-causal s512 / s1k 1.09 / 1.02x, s2k-8k 0.96-0.99x; at d64
-// 0.82-1.01x (the 192-key kernel 0.82-0.90x), so only d128 has the buffer.
+// Whether a d128 call takes the kernel whose O leaves through shared memory and TMA stores
+// (FwdSm90Config<128>::StagedOTraits) rather than 4-byte stores from the registers: fixed length
+// (the TMA store clips at seqlen_q; a varlen tile's rows past its sequence belong to the next
+// one), not pingpong, and short tiles, where the epilogue is a large share of a tile. Measured on
+// the H200 (bench/NOTES.md runs 165, 167, against the register stores): causal s512 / s1k / s2k
+// 1.18 / 1.12-1.14 / 1.06-1.08x, s4k 1.02x (GQA 32/8 0.97x), s8k 0.98x; non-causal s512 / s1k
+// 1.09-1.12 / 1.02-1.06x, s2k-8k 0.96-0.99x; at d64 0.82-1.01x (the 192-key kernel
+// 0.82-0.90x), so d128 only.
 // FLASH_CUDA_SM90_OSTORE in the environment (tests, A/B runs; read per call): "0" never,
-// another value for every fixed-length d128 call; unset, this rule.
+// another value for every fixed-length d128 call (not pingpong); unset, this rule.
 inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
-    if (p.d != 128 || p.cu_seqlens_q != nullptr) return false;
+    if (p.d != 128 || p.cu_seqlens_q != nullptr || p.sm90_pingpong) return false;
     const char* env = std::getenv("FLASH_CUDA_SM90_OSTORE");
     if (env != nullptr && env[0] != '\0') return !(env[0] == '0' && env[1] == '\0');
     return p.is_causal ? p.seqlen_q <= 2048 : p.seqlen_k <= 1024;
 }
 
 // The map of the output o (fixed length: (column, row, head, batch), rows = seqlen_q, boxes of 64
-// columns x 64 rows), for the kernel's TMA stores of O (store_o_by_tma: fwd_sm90_store_o_by_tma's
-// answer); else zeroed, unused. Returns 0 or the CUresult.
+// columns x 64 rows), for the kernel's TMA stores of O (store_o_by_tma: the kernel's
+// kStoreOByTma); else zeroed, unused. Returns 0 or the CUresult.
 inline int make_fwd_out_map(const FwdParams& p, bool store_o_by_tma, CUtensorMap* map) {
     *map = CUtensorMap{};
     if (!store_o_by_tma) return 0;

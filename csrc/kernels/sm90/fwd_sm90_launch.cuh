@@ -22,7 +22,7 @@ namespace sm90 {
 
 template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
 void launch_fwd_sm90_kernel(const FwdParams& params, const FwdTensorMaps& maps,
-                            const CUtensorMap& o_map, bool store_o_by_tma, cudaStream_t stream) {
+                            const CUtensorMap& o_map, cudaStream_t stream) {
     auto kernel = &mha_fwd_sm90_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap>;
     reserve_dynamic_smem(kernel, Traits::kSmemBytes, "sm90 forward kernel");
     static_assert(Traits::kBlockM == 128, "fwd_sm90_tiles counts 128-row tiles");
@@ -33,7 +33,7 @@ void launch_fwd_sm90_kernel(const FwdParams& params, const FwdTensorMaps& maps,
     }
     const dim3 grid(fwd_sm90_ctas(params, num_sms));
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, maps.q, maps.k,
-                                                                     maps.v, o_map, store_o_by_tma);
+                                                                     maps.v, o_map);
     FLASH_CUDA_CHECK_LAUNCH();
 }
 
@@ -41,9 +41,8 @@ template <typename Element, typename Traits, bool Causal>
 void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
     FwdTensorMaps maps;
     CUtensorMap o_map;
-    const bool store_o_by_tma = fwd_sm90_store_o_by_tma(params);
     int r = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps);
-    if (r == 0) r = make_fwd_out_map(params, store_o_by_tma, &o_map);
+    if (r == 0) r = make_fwd_out_map(params, Traits::kStoreOByTma, &o_map);
     if (r != 0) {
         throw std::runtime_error("flash_cuda: cuTensorMapEncodeTiled failed for the sm90 forward "
                                  "(CUresult " + std::to_string(r) + ")");
@@ -51,8 +50,7 @@ void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
     const ScoreBias bias = fwd_score_bias(params);  // the sm80 launcher's variant choice
     with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
         launch_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
-                               decltype(softcap)::value>(params, maps, o_map, store_o_by_tma,
-                                                        stream);
+                               decltype(softcap)::value>(params, maps, o_map, stream);
     });
 }
 
@@ -68,6 +66,12 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
     if constexpr (HeadDim == 64 && !Causal) {  // the only kernel with a wide-key variant
         if (sm90::fwd_sm90_wide_key_blocks(params)) {  // never with pingpong
             sm90::launch_fwd_sm90<Element, typename Config::WideTraits, Causal>(params, stream);
+            return;
+        }
+    }
+    if constexpr (HeadDim == 128) {  // the only kernel with a staged-O variant
+        if (sm90::fwd_sm90_store_o_by_tma(params)) {  // never with pingpong
+            sm90::launch_fwd_sm90<Element, typename Config::StagedOTraits, Causal>(params, stream);
             return;
         }
     }
