@@ -220,9 +220,9 @@ def persistent_forward_calls():
     buffer and the K/V stages handed on from tile to tile; the last tile of each sequence ends
     mid-tile; causal: the level order's snake), with and without the pingpong turns
     (FLASH_CUDA_SM90=pingpong). d128 (row sums by FADDs non-causal, on the tensor cores causal;
-    O through shared memory and TMA stores, the launcher's rule at these lengths, but with
-    pingpong) and d64 (tensor-core row sums, three K/V stages; non-causal also with the 192-key blocks,
-    FLASH_CUDA_SM90_KEYS192=1)."""
+    O through shared memory and TMA stores where not pingpong: the launcher's rule at these
+    lengths) and d64 (tensor-core row sums, three K/V stages; non-causal also with the 192-key
+    blocks, FLASH_CUDA_SM90_KEYS192=1)."""
     b, s, h = 2, 300, 48  # 3 tiles x 2 x 48 = 288 tiles
     for d in (128, 64):
         q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)

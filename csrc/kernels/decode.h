@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "kernels/bias_flags.h"
+#include "kernels/env_switch.h"  // env_is_zero, env_choice (the A/B switches below)
 #include "kernels/params.h"
 
 namespace flash_cuda {
@@ -69,20 +70,6 @@ inline bool uses_decode_tile(const FwdParams& p) {
 // blocks and stages as the 64-row decode tile; its contiguous calls count one CTA per SM where
 // the 64-row tile counts two (split_geometry), and see plan_key_blocks for d128.
 constexpr int kKeySplitMaxRows = 32;
-// Whether the environment variable `name` is set to "0" (the A/B switches below; each caller
-// reads it once per process).
-inline bool env_is_zero(const char* name) {
-    const char* value = std::getenv(name);
-    return value != nullptr && value[0] == '0' && value[1] == '\0';
-}
-// A three-way A/B switch (read per call): unset or empty the rule, "0" off, anything else on
-// wherever possible (FLASH_CUDA_DECODE_RING, FLASH_CUDA_DECODE_OVERLAP).
-enum class EnvChoice { kRule, kOff, kAll };
-inline EnvChoice env_choice(const char* name) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || value[0] == '\0') return EnvChoice::kRule;
-    return value[0] == '0' && value[1] == '\0' ? EnvChoice::kOff : EnvChoice::kAll;
-}
 inline bool paged_floor_enabled() {
     static const bool on = !env_is_zero("FLASH_CUDA_DECODE_PAGED_FLOOR");
     return on;

@@ -612,6 +612,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         float lse[1][2];
         softmax.finalize(o_frag, lse, log2_scale);
+        // Row g (half 0) / g + 8 (half 1) of O, columns 8 dt + 2 (lane % 4) + {0, 1}, packed.
+        auto o_pair = [&](int dt, int half) {
+            return ptx::pack_float2<Element>(o_frag[0][dt][2 * half], o_frag[0][dt][2 * half + 1]);
+        };
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
@@ -632,11 +636,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 const uint32_t row_addr = o_rows + r * 128 + 4 * (lane % 4);
 #pragma unroll
                 for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
-                    const uint32_t pair = ptx::pack_float2<Element>(o_frag[0][dt][2 * half],
-                                                                    o_frag[0][dt][2 * half + 1]);
                     ptx::st_shared_4(row_addr + (dt / 8) * Traits::kQSlabBytes +
                                          (((dt % 8) ^ (lane / 4)) << 4),
-                                     pair);
+                                     o_pair(dt, half));
                 }
             }
             ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
@@ -658,9 +660,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 out.o + static_cast<int64_t>(row) * params.o_row_stride + 2 * (lane % 4);
 #pragma unroll
             for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
-                const uint32_t pair = ptx::pack_float2<Element>(o_frag[0][dt][2 * half],
-                                                                o_frag[0][dt][2 * half + 1]);
-                *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = pair;
+                *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = o_pair(dt, half);
             }
         }
     }

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
+#include "kernels/env_switch.h"
 #include "kernels/params.h"
 #include "kernels/sm90/tensor_map.h"
 
@@ -51,8 +51,8 @@ inline bool fwd_supports(const FwdParams& p) {
 // FLASH_CUDA_SM90_PERSIST in the environment (A/B runs, read per call): "0" one CTA per tile
 // always, another value persistent always; unset, this rule.
 inline bool fwd_sm90_persistent(const FwdParams& p) {
-    const char* env = std::getenv("FLASH_CUDA_SM90_PERSIST");
-    if (env != nullptr && env[0] != '\0') return !(env[0] == '0' && env[1] == '\0');
+    const EnvChoice env = env_choice("FLASH_CUDA_SM90_PERSIST");
+    if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     if (p.cu_seqlens_q != nullptr || p.window_size_left >= 0) return false;
     if (!p.is_causal) return p.window_size_right < 0;
     return p.seqlen_q <= 8192 && (p.d < 256 || p.seqlen_q >= 4096);
@@ -67,8 +67,8 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
 // non-causal call (windows and varlen included); unset, this rule.
 inline bool fwd_sm90_wide_key_blocks(const FwdParams& p) {
     if (p.d != 64 || p.is_causal || p.sm90_pingpong) return false;
-    const char* env = std::getenv("FLASH_CUDA_SM90_KEYS192");
-    if (env != nullptr && env[0] != '\0') return !(env[0] == '0' && env[1] == '\0');
+    const EnvChoice env = env_choice("FLASH_CUDA_SM90_KEYS192");
+    if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     return p.cu_seqlens_q == nullptr && p.window_size_left < 0 && p.window_size_right < 0 &&
            p.seqlen_k >= 4096;
 }
@@ -147,8 +147,8 @@ inline int make_fwd_tensor_maps(const FwdParams& p, uint32_t q_box_rows, uint32_
 // another value for every fixed-length d128 call (not pingpong); unset, this rule.
 inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
     if (p.d != 128 || p.cu_seqlens_q != nullptr || p.sm90_pingpong) return false;
-    const char* env = std::getenv("FLASH_CUDA_SM90_OSTORE");
-    if (env != nullptr && env[0] != '\0') return !(env[0] == '0' && env[1] == '\0');
+    const EnvChoice env = env_choice("FLASH_CUDA_SM90_OSTORE");
+    if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     return p.is_causal ? p.seqlen_q <= 2048 : p.seqlen_k <= 1024;
 }
 

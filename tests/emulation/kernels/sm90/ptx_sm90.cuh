@@ -265,35 +265,51 @@ inline void bulk_copy_g2s(uint32_t smem_dst, const void* gmem_src, uint32_t byte
 }
 
 namespace detail {
-// The box of the map at coordinates c[0..rank) into shared memory (zero outside the tensor,
-// the 128-byte swizzle on the box's byte offsets), staged on the barrier.
+// Rows of a TMA box (box[1] x box[2] x box[3]; box[0] elements each) and their bytes.
+inline uint32_t box_rows(const sm90::TensorMapDesc& m) { return m.box[1] * m.box[2] * m.box[3]; }
+inline uint32_t box_row_bytes(const sm90::TensorMapDesc& m) { return m.box[0] * 2; }
+
+// Box row r of the map at coordinates c: coordinates (c1 + i1, c2 + i2, c3 + i3), i1 fastest.
+// Whether it lies inside the tensor; row_off: its byte offset from the map's base.
+inline bool box_row(const sm90::TensorMapDesc& m, const int (&c)[4], uint32_t r,
+                    long long& row_off) {
+    const long long i1 = r % m.box[1], i2 = (r / m.box[1]) % m.box[2];
+    const long long i3 = r / (m.box[1] * m.box[2]);
+    const long long y[3] = {c[1] + i1, c[2] + i2, c[3] + i3};
+    bool row_in = true;
+    row_off = 0;
+    for (int d = 1; d < 4; ++d) {
+        if (d >= m.rank) {
+            if (y[d - 1] != 0) row_in = false;
+            continue;
+        }
+        if (y[d - 1] < 0 || y[d - 1] >= static_cast<long long>(m.dims[d])) row_in = false;
+        row_off += y[d - 1] * static_cast<long long>(m.strides_bytes[d]);
+    }
+    return row_in;
+}
+
+// Shared-memory byte offset of element e of box row r (the 128-byte swizzle on the offsets).
+inline uint32_t box_smem_offset(const sm90::TensorMapDesc& m, uint32_t r, uint32_t e) {
+    uint32_t off = r * box_row_bytes(m) + e * 2;
+    if (m.swizzle_bytes == 128) off ^= ((off >> 7) & 7u) << 4;
+    return off;
+}
+
+// The box of the map at coordinates c[0..rank) into shared memory (zero outside the tensor),
+// staged on the barrier.
 inline void tma_load(uint32_t smem_dst, const void* tensor_map, const int (&c)[4], uint32_t bar) {
     const sm90::TensorMapDesc& m = sm90::tensor_map_fields(tensor_map);
-    const uint32_t row_bytes = m.box[0] * 2;
-    const uint32_t rows = m.box[1] * m.box[2] * m.box[3];
-    const uint32_t bytes = row_bytes * rows;
+    const uint32_t bytes = box_row_bytes(m) * box_rows(m);
     emu::smem_at(smem_dst, bytes, m.swizzle_bytes == 128 ? 1024 : 128);
     std::vector<unsigned char> image(bytes, 0);
-    for (uint32_t r = 0; r < rows; ++r) {
-        // Box row r: coordinates (c1 + i1, c2 + i2, c3 + i3), i1 fastest.
-        const long long i1 = r % m.box[1], i2 = (r / m.box[1]) % m.box[2];
-        const long long i3 = r / (m.box[1] * m.box[2]);
-        const long long y[3] = {c[1] + i1, c[2] + i2, c[3] + i3};
-        bool row_in = true;
-        long long row_off = 0;
-        for (int d = 1; d < 4; ++d) {
-            if (d >= m.rank) {
-                if (y[d - 1] != 0) row_in = false;
-                continue;
-            }
-            if (y[d - 1] < 0 || y[d - 1] >= static_cast<long long>(m.dims[d])) row_in = false;
-            row_off += y[d - 1] * static_cast<long long>(m.strides_bytes[d]);
-        }
+    for (uint32_t r = 0; r < box_rows(m); ++r) {
+        long long row_off;
+        if (!box_row(m, c, r, row_off)) continue;  // zero fill
         for (uint32_t e = 0; e < m.box[0]; ++e) {
             const long long x = static_cast<long long>(c[0]) + e;
-            uint32_t off = r * row_bytes + e * 2;
-            if (m.swizzle_bytes == 128) off ^= ((off >> 7) & 7u) << 4;
-            if (!row_in || x < 0 || x >= static_cast<long long>(m.dims[0])) continue;  // zero fill
+            if (x < 0 || x >= static_cast<long long>(m.dims[0])) continue;  // zero fill
+            const uint32_t off = box_smem_offset(m, r, e);
             const auto* src = static_cast<const unsigned char*>(m.base) + row_off + x * 2;
             emu::check_readable(src, 2);
             std::memcpy(&image[off], src, 2);
@@ -301,9 +317,7 @@ inline void tma_load(uint32_t smem_dst, const void* tensor_map, const int (&c)[4
     }
     stage_copy(bar, smem_dst, std::move(image));
 }
-}  // namespace detail
 
-namespace detail {
 // A TMA store issued by this thread: read from shared memory and written to global memory only
 // when a bulk_wait_group(_read) retires its group -- the latest moment the hardware may read the
 // shared memory -- so a kernel that overwrites the buffer before its wait, or exits without
@@ -321,30 +335,15 @@ inline thread_local BulkGroups tl_bulk_groups;
 
 inline void tma_store_now(const PendingStore& st) {
     const sm90::TensorMapDesc& m = sm90::tensor_map_fields(st.tensor_map);
-    const uint32_t row_bytes = m.box[0] * 2;
-    const uint32_t rows = m.box[1] * m.box[2] * m.box[3];
-    const unsigned char* image = emu::smem_at(st.smem_src, row_bytes * rows,
+    const unsigned char* image = emu::smem_at(st.smem_src, box_row_bytes(m) * box_rows(m),
                                               m.swizzle_bytes == 128 ? 1024 : 128);
-    for (uint32_t r = 0; r < rows; ++r) {
-        const long long i1 = r % m.box[1], i2 = (r / m.box[1]) % m.box[2];
-        const long long i3 = r / (m.box[1] * m.box[2]);
-        const long long y[3] = {st.c[1] + i1, st.c[2] + i2, st.c[3] + i3};
-        bool row_in = true;
-        long long row_off = 0;
-        for (int d = 1; d < 4; ++d) {
-            if (d >= m.rank) {
-                if (y[d - 1] != 0) row_in = false;
-                continue;
-            }
-            if (y[d - 1] < 0 || y[d - 1] >= static_cast<long long>(m.dims[d])) row_in = false;
-            row_off += y[d - 1] * static_cast<long long>(m.strides_bytes[d]);
-        }
-        if (!row_in) continue;  // past the tensor: not written
+    for (uint32_t r = 0; r < box_rows(m); ++r) {
+        long long row_off;
+        if (!box_row(m, st.c, r, row_off)) continue;  // past the tensor: not written
         for (uint32_t e = 0; e < m.box[0]; ++e) {
             const long long x = static_cast<long long>(st.c[0]) + e;
             if (x < 0 || x >= static_cast<long long>(m.dims[0])) continue;
-            uint32_t off = r * row_bytes + e * 2;
-            if (m.swizzle_bytes == 128) off ^= ((off >> 7) & 7u) << 4;
+            const uint32_t off = box_smem_offset(m, r, e);
             auto* dst = static_cast<unsigned char*>(const_cast<void*>(m.base)) + row_off + x * 2;
             std::memcpy(dst, image + off, 2);
         }
