@@ -87,9 +87,10 @@ void run_traits(FwdParams& params) {
 }
 
 #if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
-// One sm90 forward tile on the emulator (the launcher's variant choice).
+// One sm90 forward call on the emulator with these traits (with_fwd_sm90_traits picks them, as
+// for the launcher).
 template <typename Element, bool Causal, typename Traits>
-bool run_sm90_traits(FwdParams& params) {
+void run_sm90_traits(FwdParams& params) {
     namespace s90 = flash_cuda::sm90;
     s90::FwdTensorMaps maps;
     CUtensorMap o_map;
@@ -113,10 +114,9 @@ bool run_sm90_traits(FwdParams& params) {
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
             s90::mha_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
                                      decltype(softcap)::value>(params, maps.q, maps.k, maps.v,
-                                                                    o_map);
+                                                               o_map);
         });
     });
-    return true;
 }
 #endif
 
@@ -130,21 +130,11 @@ bool run_sm90(FwdParams& params) {
     const char* want = std::getenv("EMU_SM90");
     const std::string mode = want == nullptr ? "0" : want;
     if ((mode != "1" && mode != "pingpong") || !s90::fwd_supports(params)) return false;
-    using Config = s90::FwdSm90Config<EMU_HEAD_DIM>;
-    if (mode == "pingpong") {
-        return run_sm90_traits<Element, Causal, typename Config::PingpongTraits>(params);
-    }
-    if constexpr (EMU_HEAD_DIM == 64 && !Causal) {  // the launcher's key-block choice
-        if (s90::fwd_sm90_wide_key_blocks(params)) {
-            return run_sm90_traits<Element, Causal, typename Config::WideTraits>(params);
-        }
-    }
-    if constexpr (EMU_HEAD_DIM == 128) {  // the launcher's staged-O choice
-        if (s90::fwd_sm90_store_o_by_tma(params)) {
-            return run_sm90_traits<Element, Causal, typename Config::StagedOTraits>(params);
-        }
-    }
-    return run_sm90_traits<Element, Causal, typename Config::Traits>(params);
+    params.sm90_pingpong = mode == "pingpong";  // as flash_api.cpp
+    s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {
+        run_sm90_traits<Element, Causal, decltype(traits)>(params);
+    });
+    return true;
 #else
     (void)params;
     return false;

@@ -60,6 +60,7 @@
 #include "kernels/ptx.cuh"
 #include "kernels/sm80/fwd.cuh"  // SequenceInfo, OutputTile
 #include "kernels/sm80/warp_gemm.cuh"
+#include "kernels/sm90/fwd_sm90_host.h"  // the variant rules (with_fwd_sm90_traits)
 #include "kernels/sm90/mbarrier_wait.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
 #include "kernels/softmax.cuh"
@@ -141,6 +142,23 @@ struct FwdSm90Config {
     using WideTraits = FwdSm90Traits<HeadDim, 192, 3, false>;  // HeadDim 64 only
     using StagedOTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, true>;  // 128 only
 };
+
+// The traits a call runs, passed as f(Traits{}) (the launcher and the CPU emulator): d64's wide
+// key blocks (fwd_sm90_wide_key_blocks), d128's staged O (fwd_sm90_store_o_by_tma), else the
+// pingpong or the default tile (params.sm90_pingpong). The rules never pick a variant with
+// pingpong.
+template <int HeadDim, bool Causal, typename F>
+void with_fwd_sm90_traits(const FwdParams& params, F&& f) {
+    using Config = FwdSm90Config<HeadDim>;
+    if constexpr (HeadDim == 64 && !Causal) {
+        if (fwd_sm90_wide_key_blocks(params)) return f(typename Config::WideTraits{});
+    }
+    if constexpr (HeadDim == 128) {
+        if (fwd_sm90_store_o_by_tma(params)) return f(typename Config::StagedOTraits{});
+    }
+    if (params.sm90_pingpong) return f(typename Config::PingpongTraits{});
+    f(typename Config::Traits{});
+}
 
 // Shared-memory addresses of the CTA's tiles and barriers.
 template <typename Traits>

@@ -62,24 +62,9 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
     if (params.d != HeadDim || !sm90::fwd_supports(params)) {
         throw std::runtime_error("flash_cuda: the sm90 forward kernel does not cover this call");
     }
-    using Config = sm90::FwdSm90Config<HeadDim>;
-    if constexpr (HeadDim == 64 && !Causal) {  // the only kernel with a wide-key variant
-        if (sm90::fwd_sm90_wide_key_blocks(params)) {  // never with pingpong
-            sm90::launch_fwd_sm90<Element, typename Config::WideTraits, Causal>(params, stream);
-            return;
-        }
-    }
-    if constexpr (HeadDim == 128) {  // the only kernel with a staged-O variant
-        if (sm90::fwd_sm90_store_o_by_tma(params)) {  // never with pingpong
-            sm90::launch_fwd_sm90<Element, typename Config::StagedOTraits, Causal>(params, stream);
-            return;
-        }
-    }
-    if (params.sm90_pingpong) {
-        sm90::launch_fwd_sm90<Element, typename Config::PingpongTraits, Causal>(params, stream);
-    } else {
-        sm90::launch_fwd_sm90<Element, typename Config::Traits, Causal>(params, stream);
-    }
+    sm90::with_fwd_sm90_traits<HeadDim, Causal>(params, [&](auto traits) {
+        sm90::launch_fwd_sm90<Element, decltype(traits), Causal>(params, stream);
+    });
 }
 
 }  // namespace flash_cuda
