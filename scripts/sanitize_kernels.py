@@ -221,10 +221,11 @@ def persistent_forward_calls():
     mid-tile; causal: the level order's snake), with and without the pingpong turns
     (FLASH_CUDA_SM90=pingpong). d128 (row sums by FADDs non-causal, on the tensor cores causal;
     O through shared memory and TMA stores where not pingpong: the launcher's rule at these
-    lengths) and d64 (tensor-core row sums, three K/V stages; non-causal also with the 192-key
-    blocks, FLASH_CUDA_SM90_KEYS192=1)."""
+    lengths), d64 (tensor-core row sums, three K/V stages; non-causal also with the 192-key
+    blocks, FLASH_CUDA_SM90_KEYS192=1) and d256 (80-key blocks; O through the last K and V
+    buffers where not pingpong)."""
     b, s, h = 2, 300, 48  # 3 tiles x 2 x 48 = 288 tiles
-    for d in (128, 64):
+    for d in (128, 64, 256):
         q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)
         for mode, causal, keys192 in (("1", False, "0"), ("1", True, "0"), ("pingpong", False, "0"),
                                       ("pingpong", True, "0"), ("1", False, "1")):

@@ -173,14 +173,17 @@ def test_wide_key_blocks_emulated_sm90(feature, monkeypatch):
 
 @pytest.mark.parametrize("ostore", ("0", "1"), ids=("registers", "tma"))
 @pytest.mark.parametrize("causal", (False, True))
-def test_o_store_emulated_sm90(causal, ostore, monkeypatch):
-    """d128's O both ways (FLASH_CUDA_SM90_OSTORE): from the registers, and through the shared-memory
-    buffer and TMA stores, which the emulator carries out only at the bulk wait that retires them
-    (a buffer rewritten before that wait, or a store never waited for, gives wrong or NaN rows).
-    3 CTAs walk 2 x 3 x 2 tiles of 128 rows, the last one with 8 rows in its second warpgroup."""
+@pytest.mark.parametrize("d", (128, 256))
+def test_o_store_emulated_sm90(d, causal, ostore, monkeypatch):
+    """d128's and d256's O both ways (FLASH_CUDA_SM90_OSTORE): from the registers, and through
+    shared memory (d128 a buffer of its own, d256 the last key block's K and V buffers) and TMA
+    stores, which the emulator carries out only at the bulk wait that retires them (a buffer
+    rewritten before that wait, or handed back to the producer before it, or a store never
+    waited for, gives wrong or NaN rows). 3 CTAs walk 2 x 3 x 2 tiles of 128 rows, the last one
+    with 8 rows in its second warpgroup."""
     monkeypatch.setenv("FLASH_CUDA_SM90_OSTORE", ostore)
     gen = torch.Generator().manual_seed(41 + int(causal))
-    q, k, v = make_qkv(2, 328, 300, 2, 1, 128, torch.bfloat16, gen=gen, device="cpu")
+    q, k, v = make_qkv(2, 328, 300, 2, 1, d, torch.bfloat16, gen=gen, device="cpu")
     out, lse = run_sm90(q, k, v, causal=causal)
     assert_close_to_oracle(out, lse, q, k, v, causal=causal)
     stored = "O stored by TMA" if ostore == "1" else "O stored from registers"

@@ -148,16 +148,18 @@ def test_wide_key_blocks_sm90(feature, d, monkeypatch):
 
 @pytest.mark.parametrize("ostore", ("0", "1"), ids=("registers", "tma"))
 @pytest.mark.parametrize("shape", ("ragged", "warpgroup_past_end", "causal_many_tiles", "long"))
-@pytest.mark.parametrize("d", (128,))
+@pytest.mark.parametrize("d", (128, 256))
 def test_o_store_sm90(shape, ostore, d, monkeypatch):
-    """O out of the d128 kernel both ways, forced by FLASH_CUDA_SM90_OSTORE (the launcher's rule
-    takes the staged-O kernel for short fixed-length calls): from the registers ("0") and through
-    the shared-memory buffer and TMA stores ("1"; the pingpong variant has registers only),
-    against the oracle; the fixture checks which kernel ran. "ragged": the last tile's
-    second warpgroup has 8 of its 64 rows (the TMA clips the rest at seqlen_q);
-    "warpgroup_past_end": the last tile has 2 rows, its second warpgroup's box lies wholly past
-    seqlen_q (not stored); "causal_many_tiles": persistent CTAs walking several tiles each, so
-    every warpgroup reuses its buffer after waiting for its previous store; "long": 4099 keys."""
+    """O out of the d128 / d256 kernels both ways, forced by FLASH_CUDA_SM90_OSTORE (the
+    launcher's rule takes the staged-O kernel for short fixed-length d128 calls and every
+    fixed-length d256 one): from the registers ("0") and through shared memory and TMA stores
+    ("1"; d128 a buffer of its own, d256 the last key block's K and V buffers; the pingpong
+    variant has registers only), against the oracle; the fixture checks which kernel ran.
+    "ragged": the last tile's second warpgroup has 8 of its 64 rows (the TMA clips the rest at
+    seqlen_q); "warpgroup_past_end": the last tile has 2 rows, its second warpgroup's box lies
+    wholly past seqlen_q (not stored); "causal_many_tiles": persistent CTAs walking several tiles
+    each, so every warpgroup reuses its buffer after waiting for its previous store (d256: the
+    K / V buffers go back to the producer only after the stores); "long": 4099 keys."""
     monkeypatch.setenv("FLASH_CUDA_SM90_OSTORE", ostore)
     b, sq, sk, h, hk, causal = {"ragged": (3, 200, 333, 4, 2, False),
                                 "warpgroup_past_end": (2, 130, 250, 4, 4, False),

@@ -22,13 +22,15 @@
 //                      causal; else FADDs of the 16-bit P per thread (add_p_row_sums),
 //                      quad-reduced at the epilogue (kRowSumsOnTensorCores)
 //   Epilogue: O / l, lse per row. O either straight from the accumulators to global (4-byte
-//     stores) or (StagedOTraits, d128 calls the launcher picks: fwd_sm90_store_o_by_tma, fixed
-//     length, short tiles) into a shared-memory buffer laid out as Q and out by TMA stores (one
-//     thread per warpgroup, 64-row boxes), which the warpgroup waits for at its next epilogue.
+//     stores) or (StagedOTraits, the calls the launcher picks: fwd_sm90_store_o_by_tma, fixed
+//     length) through shared memory and out by TMA stores (one thread per warpgroup, 64-row
+//     boxes): at d128 a buffer of its own laid out as Q, which the warpgroup waits for at its
+//     next epilogue; at d256 (no room for one) the K and V buffers of the tile's last key block,
+//     which go back to the producer once the stores have read them, under the next tile's first S.
 // Shared memory, each operand as 64-column slabs of rows of 128 bytes, the 128-byte swizzle
 // (what the TMA writes for a 64-element box and the wgmma descriptors read):
-//   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     O as Q (staged O
-//   only)     ones [8][64]     then the mbarriers
+//   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     O as Q (d128's staged
+//   O only)     ones [8][64]     then the mbarriers
 //
 // Tensors as in sm80/fwd.cuh (q, k, v, o, lse; fixed length or varlen), read through rank-4
 // tensor maps (column, row, head, batch) built by the launcher (fwd_sm90_launch.cuh):
@@ -90,11 +92,19 @@ struct FwdSm90Traits {
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
-    // O leaves through a shared-memory buffer laid out as Q and TMA stores (fixed length only:
-    // the launcher's StagedOTraits), else by 4-byte stores from the registers.
+    // O leaves through shared memory and TMA stores (fixed length only: the launcher's
+    // StagedOTraits), else by 4-byte stores from the registers. The staged O goes into a buffer
+    // of its own laid out as Q where the shared memory has room for one (d128), else
+    // (kOInKVBuffers, d256) into the K and V buffers of the tile's last key block,
+    // kOSlabsPerBuffer of its 128-row slabs in each, held until the stores have read them.
     static constexpr bool kStoreOByTma = StoreOByTma;
     static constexpr int kSmemOOffset = kSmemVOffset + kStages * kKVTileBytes;
-    static constexpr int kOBytes = kStoreOByTma ? kQBytes : 0;
+    static constexpr bool kOInKVBuffers =
+        StoreOByTma && 1024 + kSmemOOffset + kQBytes + 1024 + 8 * (2 + 4 * kStages) > 227 * 1024;
+    static constexpr int kOBytes = kStoreOByTma && !kOInKVBuffers ? kQBytes : 0;
+    static constexpr int kOSlabsPerBuffer = kKVTileBytes / kQSlabBytes;
+    static_assert(!kOInKVBuffers || 2 * kOSlabsPerBuffer >= kSlabs,
+                  "the staged O must fit the last key block's K and V buffers");
     // The row sums' B operand (l += P 1): ones, one K-major swizzle atom (8 rows x 64 elements).
     static constexpr int kSmemOnesOffset = kSmemOOffset + kOBytes;
     static constexpr int kOnesBytes = 1024;
@@ -129,10 +139,12 @@ struct FwdSm90Traits {
 // cost more than the fewer, longer blocks save). At d128 / d256 wider blocks do not fit the
 // consumers' registers (d128: 160 or 176 keys serialise the wgmma). (A variant without the overlap
 // inside the warpgroup measured 0-5% slower, bench/NOTES.md run 33, and was dropped.)
-// StagedOTraits (d128 only): Traits with O leaving through shared memory (32 KB more) and TMA
-// stores, for the short fixed-length calls fwd_sm90_store_o_by_tma picks (bench/NOTES.md run
-// 165: 1.06-1.18x on short tiles, 0.95-0.99x on long ones, 0.82-1.01x at d64; a separate
-// instantiation, so the other calls keep the kernel without the buffer).
+// StagedOTraits (d128, d256): Traits with O leaving through shared memory and TMA stores, for
+// the fixed-length calls fwd_sm90_store_o_by_tma picks: d128's short ones (a 32 KB buffer of its
+// own; bench/NOTES.md run 165: 1.06-1.18x on short tiles, 0.95-0.99x on long ones), every d256
+// one (the last K and V buffers; run 169: 1.01-1.21x). A separate instantiation, so the other
+// calls keep the kernel without it. d64 has none: 0.82-1.01x with a buffer of its own (run 165),
+// 0.85-0.90x in the last V buffer (run 169).
 template <int HeadDim>
 struct FwdSm90Config {
     static constexpr int kBlockN = HeadDim <= 128 ? 128 : 80;
@@ -140,11 +152,11 @@ struct FwdSm90Config {
     using Traits = FwdSm90Traits<HeadDim, kBlockN, kStages, false>;
     using PingpongTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, true>;
     using WideTraits = FwdSm90Traits<HeadDim, 192, 3, false>;  // HeadDim 64 only
-    using StagedOTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, true>;  // 128 only
+    using StagedOTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, true>;  // 128, 256
 };
 
 // The traits a call runs, passed as f(Traits{}) (the launcher and the CPU emulator): d64's wide
-// key blocks (fwd_sm90_wide_key_blocks), d128's staged O (fwd_sm90_store_o_by_tma), else the
+// key blocks (fwd_sm90_wide_key_blocks), the staged O (fwd_sm90_store_o_by_tma), else the
 // pingpong or the default tile (params.sm90_pingpong). The rules never pick a variant with
 // pingpong.
 template <int HeadDim, bool Causal, typename F>
@@ -153,7 +165,7 @@ void with_fwd_sm90_traits(const FwdParams& params, F&& f) {
     if constexpr (HeadDim == 64 && !Causal) {
         if (fwd_sm90_wide_key_blocks(params)) return f(typename Config::WideTraits{});
     }
-    if constexpr (HeadDim == 128) {
+    if constexpr (HeadDim != 64) {
         if (fwd_sm90_store_o_by_tma(params)) return f(typename Config::StagedOTraits{});
     }
     if (params.sm90_pingpong) return f(typename Config::PingpongTraits{});
@@ -434,9 +446,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // O through shared memory and TMA stores (kStoreOByTma; o_map: (column, row, head, batch),
     // boxes of 64 x 64; fixed length only: a varlen tile's rows past its sequence belong to the
     // next one), else by 4-byte stores from the registers. Named barriers kOStoreBarrier + c: the
-    // warpgroup's staging buffer (1 and 2 are the pingpong turns).
+    // warpgroup's rows of the staged O; kOStoreBarrier + 2: both consumer warpgroups (1 and 2 are
+    // the pingpong turns).
     constexpr bool o_by_tma = Traits::kStoreOByTma;
+    constexpr bool o_in_kv = Traits::kOInKVBuffers;
     constexpr uint32_t kOStoreBarrier = 3;
+    // O in the last K and V buffers (o_in_kv): their stage, whose empty_k / empty_v arrivals
+    // (128 each, by thread 0 for the warpgroup) wait until this warpgroup's TMA stores have read
+    // them -- under the next tile's first S, or at the end (release_o_buffers). -1: none held.
+    int o_stage = -1;
+    auto release_o_buffers = [&] {
+        if constexpr (o_in_kv) {
+            if (o_stage >= 0) {
+                if (t == 0) {
+                    ptx90::bulk_wait_group_read<0>();
+                    ptx90::mbarrier_arrive_count(smem.empty_k(o_stage), 128);
+                    ptx90::mbarrier_arrive_count(smem.empty_v(o_stage), 128);
+                }
+                o_stage = -1;
+            }
+        }
+    };
 
     // Pingpong: each batch of GEMMs (the first S; then each step's next S and P V) is issued
     // between bar.sync on this warpgroup's barrier (1 + c) and bar.arrive on the other's, so the
@@ -466,6 +496,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const sm80::OutputTile<Element> out =
             sm80::OutputTile<Element>::make(params, w.seq, batch, head, m0, kBlockM);
         if (n_iters <= 0) {  // no visible key for any row of the tile: out = 0, lse = +inf
+            release_o_buffers();
             for (int i = tid - 128; i < out.valid_rows * params.d; i += Traits::kConsumerThreads) {
                 const int row = i / params.d, col = i - row * params.d;
                 out.o[static_cast<int64_t>(row) * params.o_row_stride + col] = Element(0.f);
@@ -569,9 +600,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         my_turn();
         issue_qk(0);
         their_turn();
+        release_o_buffers();  // the previous tile's O stores, under this S
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_s);
-        ptx90::mbarrier_arrive(smem.empty_k(stage_of(0)));
+        // The last K buffer: released here or below, or (o_in_kv) once O's stores have read it.
+        if (!o_in_kv || n_iters > 1) ptx90::mbarrier_arrive(smem.empty_k(stage_of(0)));
         if (n_iters == 1) ptx90::mbarrier_arrive(smem.empty_q());
         auto step = [&](int it, auto has_next) {
             transform_scores(it);
@@ -602,7 +635,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 their_turn();
                 ptx90::wgmma_wait<1>();  // S of the next block (the older group) is complete
                 ptx90::fence_operand(acc_s);
-                ptx90::mbarrier_arrive(smem.empty_k(stage_of(it + 1)));
+                if (!o_in_kv || it + 2 < n_iters) {
+                    ptx90::mbarrier_arrive(smem.empty_k(stage_of(it + 1)));
+                }
                 if (it + 2 == n_iters) ptx90::mbarrier_arrive(smem.empty_q());  // the last S
             } else {
                 their_turn();
@@ -613,7 +648,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_o);
         if constexpr (kRowSumsOnTensorCores) ptx90::fence_operand(acc_l);
-        ptx90::mbarrier_arrive(smem.empty_v(stage_of(n_iters - 1)));
+        const int last_stage = stage_of(n_iters - 1);
+        if constexpr (o_in_kv) {
+            o_stage = last_stage;  // O goes there: released by release_o_buffers
+        } else {
+            ptx90::mbarrier_arrive(smem.empty_v(last_stage));
+        }
         kv_base += n_iters;
         ++q_round;
 
@@ -640,21 +680,37 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (lane % 4 == 0 && row < out.valid_rows) out.lse[row] = lse[0][half];
         }
         if constexpr (o_by_tma) {
-            // The warpgroup's 64 rows of O into its rows of the staging buffer (the layout the
+            // The warpgroup's 64 rows of O into its rows of the staged O's slabs (the layout the
             // TMA reads with the 128-byte swizzle: 16-byte chunk j of row r at j ^ (r % 8); a
             // warp's 8 rows x 16 bytes per store hit 32 distinct banks), then one thread stores
-            // them with kSlabs TMA boxes of 64 x 64. First the warpgroup's previous store must
-            // have read the buffer (its issuing thread waits; the named barrier tells the rest).
-            if (t == 0) ptx90::bulk_wait_group_read<0>();
-            ptx90::named_barrier_sync(kOStoreBarrier + c, 128);
-            const uint32_t o_rows = smem.o + 64 * c * 128;
+            // them with kSlabs TMA boxes of 64 x 64. First a buffer of its own must have been
+            // read by the warpgroup's previous stores (its issuing thread waits; the named
+            // barrier tells the rest); the last K and V buffers, by both warpgroups' last S and
+            // P V (the barrier over the 256 consumers).
+            if constexpr (o_in_kv) {
+                ptx90::named_barrier_sync(kOStoreBarrier + 2, 256);
+            } else {
+                if (t == 0) ptx90::bulk_wait_group_read<0>();
+                ptx90::named_barrier_sync(kOStoreBarrier + c, 128);
+            }
+            // This warpgroup's rows of the staged O: its first slab's at o_rows, slab `slab`'s
+            // o_slab_offset(slab) further (o_in_kv: the K buffer's slabs, then the V buffer's,
+            // kStages K / V tiles later).
+            const uint32_t o_rows =
+                (o_in_kv ? smem.k + last_stage * Traits::kKVTileBytes : smem.o) + 64 * c * 128;
+            auto o_slab_offset = [](int slab) {
+                constexpr int kPerBuffer = Traits::kOSlabsPerBuffer;
+                return o_in_kv ? (slab < kPerBuffer ? 0 : kStages * Traits::kKVTileBytes) +
+                                     (slab % kPerBuffer) * Traits::kQSlabBytes
+                               : slab * Traits::kQSlabBytes;
+            };
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int r = 16 * (t / 32) + 8 * half + lane / 4;  // in the warpgroup's rows
                 const uint32_t row_addr = o_rows + r * 128 + 4 * (lane % 4);
 #pragma unroll
                 for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
-                    ptx::st_shared_4(row_addr + (dt / 8) * Traits::kQSlabBytes +
+                    ptx::st_shared_4(row_addr + o_slab_offset(dt / 8) +
                                          (((dt % 8) ^ (lane / 4)) << 4),
                                      o_pair(dt, half));
                 }
@@ -663,7 +719,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             ptx90::named_barrier_sync(kOStoreBarrier + c, 128);
             if (t == 0 && m0 + 64 * c < params.seqlen_q) {  // rows past seqlen_q are clipped
                 for (int slab = 0; slab < kSlabs; ++slab) {
-                    ptx90::tma_store_4d(&o_map, o_rows + slab * Traits::kQSlabBytes, 64 * slab,
+                    ptx90::tma_store_4d(&o_map, o_rows + o_slab_offset(slab), 64 * slab,
                                         m0 + 64 * c, head, batch);
                 }
                 ptx90::bulk_commit_group();
@@ -683,6 +739,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
     }
     // The shared memory must outlive the TMA stores' reads of it.
+    release_o_buffers();
     if (o_by_tma && t == 0) ptx90::bulk_wait_group<0>();
     if constexpr (Traits::kPingpong) {
         if (c == 0) ptx90::named_barrier_sync(1, 256);  // warpgroup 1's last arrival

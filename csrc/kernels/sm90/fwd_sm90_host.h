@@ -135,20 +135,22 @@ inline int make_fwd_tensor_maps(const FwdParams& p, uint32_t q_box_rows, uint32_
     return r;
 }
 
-// Whether a d128 call takes the kernel whose O leaves through shared memory and TMA stores
-// (FwdSm90Config<128>::StagedOTraits) rather than 4-byte stores from the registers: fixed length
-// (the TMA store clips at seqlen_q; a varlen tile's rows past its sequence belong to the next
-// one), not pingpong, and short tiles, where the epilogue is a large share of a tile. Measured on
-// the H200 (bench/NOTES.md runs 165, 167, against the register stores): causal s512 / s1k / s2k
-// 1.18 / 1.12-1.14 / 1.06-1.08x, s4k 1.02x (GQA 32/8 0.97x), s8k 0.98x; non-causal s512 / s1k
-// 1.09-1.12 / 1.02-1.06x, s2k-8k 0.96-0.99x; at d64 0.82-1.01x (the 192-key kernel
-// 0.82-0.90x), so d128 only.
+// Whether a call takes the kernel whose O leaves through shared memory and TMA stores
+// (FwdSm90Config<HeadDim>::StagedOTraits) rather than 4-byte stores from the registers: fixed
+// length (the TMA store clips at seqlen_q; a varlen tile's rows past its sequence belong to the
+// next one), not pingpong, d128 or d256. Measured on the H200 against the register stores:
+// d128 (a 32 KB buffer of its own; bench/NOTES.md runs 165, 167) causal s512 / s1k / s2k 1.18 /
+// 1.12-1.14 / 1.06-1.08x, s4k 1.02x (GQA 32/8 0.97x), s8k 0.98x; non-causal s512 / s1k
+// 1.09-1.12 / 1.02-1.06x, s2k-8k 0.96-0.99x: its short tiles only. d256 (O in the last K and V
+// buffers; run 169) 1.01-1.21x on every cell of the grid: every call. d64: never (0.82-1.01x
+// with a buffer of its own, run 165; 0.85-0.90x in the last V buffer, run 169).
 // FLASH_CUDA_SM90_OSTORE in the environment (tests, A/B runs; read per call): "0" never,
-// another value for every fixed-length d128 call (not pingpong); unset, this rule.
+// another value for every fixed-length d128 / d256 call (not pingpong); unset, this rule.
 inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
-    if (p.d != 128 || p.cu_seqlens_q != nullptr || p.sm90_pingpong) return false;
+    if (p.d == 64 || p.cu_seqlens_q != nullptr || p.sm90_pingpong) return false;
     const EnvChoice env = env_choice("FLASH_CUDA_SM90_OSTORE");
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
+    if (p.d == 256) return true;
     return p.is_causal ? p.seqlen_q <= 2048 : p.seqlen_k <= 1024;
 }
 

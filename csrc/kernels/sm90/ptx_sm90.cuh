@@ -50,6 +50,13 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
+// mbarrier.arrive.shared::cta.b64 with a count: `count` arrivals at once (one thread arriving
+// for its warpgroup).
+__device__ __forceinline__ void mbarrier_arrive_count(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count)
+                 : "memory");
+}
+
 // mbarrier.try_wait.parity.shared::cta.b64: true once the phase with this parity has completed
 // (may also return false after a system-dependent time; callers loop).
 __device__ __forceinline__ bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {
