@@ -178,8 +178,8 @@ def test_o_store_emulated_sm90(d, causal, ostore, monkeypatch):
     """d128's and d256's O both ways (FLASH_CUDA_SM90_OSTORE): from the registers, and through
     shared memory (d128 a buffer of its own, d256 the last key block's K and V buffers) and TMA
     stores, which the emulator carries out only at the bulk wait that retires them (a buffer
-    rewritten before that wait, or handed back to the producer before it, or a store never
-    waited for, gives wrong or NaN rows). 3 CTAs walk 2 x 3 x 2 tiles of 128 rows, the last one
+    rewritten before that wait, or a store never waited for, gives wrong or NaN rows; one handed
+    back to the producer before it can). 3 CTAs walk 2 x 3 x 2 tiles of 128 rows, the last one
     with 8 rows in its second warpgroup."""
     monkeypatch.setenv("FLASH_CUDA_SM90_OSTORE", ostore)
     gen = torch.Generator().manual_seed(41 + int(causal))
@@ -188,6 +188,22 @@ def test_o_store_emulated_sm90(d, causal, ostore, monkeypatch):
     assert_close_to_oracle(out, lse, q, k, v, causal=causal)
     stored = "O stored by TMA" if ostore == "1" else "O stored from registers"
     assert stored in driver.LAST_STDOUT
+
+
+@pytest.mark.parametrize("causal", (False, True))
+def test_o_store_one_key_block_emulated_sm90(causal, monkeypatch):
+    """d256's O in the last K and V buffers when a tile has a single key block (that K buffer is
+    then held from the tile's first S on): 70 keys, 3 CTAs walking 2 x 3 x 2 tiles. Causal (the
+    diagonal at the bottom right, 258 rows below the keys): the first two tiles of each head see
+    no key (out 0, lse +inf: the held buffers are handed back on that path too)."""
+    monkeypatch.setenv("FLASH_CUDA_SM90_OSTORE", "1")
+    gen = torch.Generator().manual_seed(43 + int(causal))
+    q = torch.randn(2, 328, 2, 256, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(2, 70, 1, 256, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(2, 70, 1, 256, dtype=torch.bfloat16, generator=gen)
+    out, lse = run_sm90(q, k, v, causal=causal)
+    assert_close_to_oracle(out, lse, q, k, v, causal=causal)
+    assert "O stored by TMA" in driver.LAST_STDOUT
 
 
 @pytest.mark.parametrize("d", (64, 128, 256))
