@@ -92,27 +92,30 @@ struct FwdSm90Traits {
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
+    // The ones of the row sums' B operand (l += P 1): one K-major swizzle atom (8 rows x 64
+    // elements); then the mbarriers: full Q, then per stage full K, full V, empty K, empty V;
+    // last empty Q.
+    static constexpr int kOnesBytes = 1024;
+    static constexpr int kNumBarriers = 2 + 4 * kStages;
+    static constexpr int kMaxSmemBytes = 227 * 1024;  // a Hopper CTA's
+    // The CTA's shared memory but an O buffer after K and V: Q, K, V, the ones, the mbarriers,
+    // and 1024 bytes to align the tiles (the dynamic shared memory is only 128-byte aligned).
+    static constexpr int kSmemOOffset = kSmemVOffset + kStages * kKVTileBytes;
+    static constexpr int kSmemBytesButO = 1024 + kSmemOOffset + kOnesBytes + 8 * kNumBarriers;
     // O leaves through shared memory and TMA stores (fixed length only: the launcher's
     // StagedOTraits), else by 4-byte stores from the registers. The staged O goes into a buffer
     // of its own laid out as Q where the shared memory has room for one (d128), else
     // (kOInKVBuffers, d256) into the K and V buffers of the tile's last key block,
     // kOSlabsPerBuffer of its 128-row slabs in each, held until the stores have read them.
     static constexpr bool kStoreOByTma = StoreOByTma;
-    static constexpr int kSmemOOffset = kSmemVOffset + kStages * kKVTileBytes;
-    static constexpr bool kOInKVBuffers =
-        StoreOByTma && 1024 + kSmemOOffset + kQBytes + 1024 + 8 * (2 + 4 * kStages) > 227 * 1024;
+    static constexpr bool kOInKVBuffers = StoreOByTma && kSmemBytesButO + kQBytes > kMaxSmemBytes;
     static constexpr int kOBytes = kStoreOByTma && !kOInKVBuffers ? kQBytes : 0;
     static constexpr int kOSlabsPerBuffer = kKVTileBytes / kQSlabBytes;
     static_assert(!kOInKVBuffers || 2 * kOSlabsPerBuffer >= kSlabs,
                   "the staged O must fit the last key block's K and V buffers");
-    // The row sums' B operand (l += P 1): ones, one K-major swizzle atom (8 rows x 64 elements).
     static constexpr int kSmemOnesOffset = kSmemOOffset + kOBytes;
-    static constexpr int kOnesBytes = 1024;
     static constexpr int kSmemBarOffset = kSmemOnesOffset + kOnesBytes;
-    // mbarriers: full Q, then per stage full K, full V, empty K, empty V; last empty Q.
-    static constexpr int kNumBarriers = 2 + 4 * kStages;
-    // The tiles need 1024-byte alignment; the dynamic shared memory is only 128-byte aligned.
-    static constexpr int kSmemBytes = 1024 + kSmemBarOffset + 8 * kNumBarriers;
+    static constexpr int kSmemBytes = kSmemBytesButO + kOBytes;
 
     // The geometry the sm80 helpers (warp_gemm.cuh: P -> A fragments) see: one 16-row
     // slice per warp, kBlockN keys.
@@ -125,7 +128,7 @@ struct FwdSm90Traits {
     static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256,
                   "sm90 forward: head dims 64, 128 and 256");
     static_assert(BlockN % 16 == 0 && BlockN <= 256, "wgmma N: a multiple of 16, at most 256");
-    static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+    static_assert(kSmemBytes <= kMaxSmemBytes, "must fit a Hopper CTA's shared memory");
     static_assert(!StoreOByTma || !Pingpong, "the staged O is not built with the pingpong turns");
 };
 

@@ -173,12 +173,6 @@ inline void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     b.tx += bytes;
     b.pending -= 1;
 }
-inline void mbarrier_arrive(uint32_t bar) {
-    std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
-    emu::MBarrier& b = detail::barrier_locked(bar);
-    detail::complete_if_ready_locked(b);
-    b.pending -= 1;
-}
 inline void mbarrier_arrive_count(uint32_t bar, uint32_t count) {
     std::lock_guard<std::mutex> lock(emu::block().mbarrier_mutex);
     emu::MBarrier& b = detail::barrier_locked(bar);
@@ -186,6 +180,7 @@ inline void mbarrier_arrive_count(uint32_t bar, uint32_t count) {
     if (static_cast<int>(count) > b.pending) emu::fail("mbarrier arrivals past the count", count);
     b.pending -= static_cast<int>(count);
 }
+inline void mbarrier_arrive(uint32_t bar) { mbarrier_arrive_count(bar, 1); }
 
 // The thread's cp.async copies not yet landed (kernels/ptx.cuh here) land when this barrier's
 // phase completes; then one arrival.
