@@ -351,15 +351,13 @@ __device__ __forceinline__ void store_key_rows(uint32_t rows, const uint32_t (&f
     }
 }
 
-// dq_accum[m0 .., 64 slab ..] += dS K over 16 kKSteps keys, one 64-column slab (32 accumulators):
-// A = dS^T rows at a_rows (MN-major: k = keys, 16 of them = 2048 bytes per step), B = the K
-// slab's rows at b_rows (MN-major). Accumulator rows = queries m0 + 16 w + g (+ 8), columns
-// 8 nt + 2 q (+ 1); added with red.global.add.v2.f32, rows past seqlen_q skipped.
-template <typename Element, int kHeadDim, int kKSteps>
-__device__ __forceinline__ void dq_slab_reduce(float* dq_head, int m0, int seqlen_q, int slab,
-                                               uint32_t a_rows, uint32_t b_rows, int t) {
-    const int lane = t % 32, g = lane / 4, q = lane % 4;
-    float acc_dq[32];
+// dQ = dS K over 16 kKSteps keys, one 64-column slab (32 accumulators): A = dS^T rows at a_rows
+// (MN-major: k = keys, 16 of them = 2048 bytes per step), B = the K slab's rows at b_rows
+// (MN-major). Issued and committed, not waited for: the callers issue it behind dV and dK, so the
+// tensor cores go on from one to the other while the warpgroup waits for dV and dK.
+template <typename Element, int kKSteps>
+__device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[32], uint32_t a_rows,
+                                              uint32_t b_rows) {
     ptx90::fence_operand(acc_dq);
     ptx90::wgmma_fence();
 #pragma unroll
@@ -370,8 +368,14 @@ __device__ __forceinline__ void dq_slab_reduce(float* dq_head, int m0, int seqle
                                                  kk > 0);
     }
     ptx90::wgmma_commit();
-    ptx90::wgmma_wait<0>();
-    ptx90::fence_operand(acc_dq);
+}
+
+// dq_accum[m0 .., 64 slab ..] += acc_dq (issue_dq_slab's, landed): rows = queries m0 + 16 w + g
+// (+ 8), columns 8 nt + 2 q (+ 1); added with red.global.add.v2.f32, rows past seqlen_q skipped.
+template <int kHeadDim>
+__device__ __forceinline__ void add_dq_slab(const float (&acc_dq)[32], float* dq_head, int m0,
+                                            int seqlen_q, int slab, int t) {
+    const int lane = t % 32, g = lane / 4, q = lane % 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int query = m0 + 16 * (t / 32) + g + 8 * half;
@@ -563,33 +567,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         rs_gemm(acc_dv, p_frag[0], smem.d_o(stage));
         rs_gemm(acc_dk, ds_frag[0], smem.q(stage));
         ptx90::wgmma_commit();
-        ptx90::wgmma_wait<0>();
+
+        // dQ = dS K, 64 columns (32 accumulators beside dK and dV), issued behind dV and dK.
+        // Split by columns (d128): both warpgroups' dS^T rows must be written (and fenced for
+        // the async proxy): slab c over all kBlockN keys. Else (d64, one slab) this warpgroup's
+        // own 64 keys.
+        float acc_dq[32];
+        if constexpr (Traits::kDqSplitN) {
+            ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
+            issue_dq_slab<Element, kBlockN / 16>(
+                acc_dq, ds_buffer, smem.k() + ptx::opaque(0u) + c * Traits::kKVSlabBytes);
+        } else {
+            static_assert(kSlabs == 1, "one dQ slab per warpgroup when dQ is not split");
+            issue_dq_slab<Element, 64 / 16>(acc_dq, ds_rows, k_rows);
+        }
+        ptx90::wgmma_wait<1>();  // dV and dK have landed
         ptx90::fence_operand(acc_dv);
         ptx90::fence_operand(acc_dk);
+        ptx90::fence_operand(p_frag);
+        ptx90::fence_operand(ds_frag);
         ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
-
-        // dQ = dS K, 64 columns at a time (32 accumulators next to dK and dV).
-        if constexpr (Traits::kDqSplitN) {
-            // Both warpgroups' dS^T rows are written (and fenced for the async proxy): slab c
-            // over all kBlockN keys.
-            ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
-            if (turns.sem != nullptr) {
-                turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
-            }
-            dq_slab_reduce<Element, kHeadDim, kBlockN / 16>(
-                dq_head, m0, seq.seqlen_q, c, ds_buffer,
-                smem.k() + ptx::opaque(0u) + c * Traits::kKVSlabBytes, t);
-            if (turns.sem != nullptr) {
-                turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
-            }
-        } else {
-#pragma unroll
-            for (int slab = 0; slab < kSlabs; ++slab) {
-                dq_slab_reduce<Element, kHeadDim, 64 / 16>(dq_head, m0, seq.seqlen_q, slab,
-                                                           ds_rows,
-                                                           k_rows + slab * Traits::kKVSlabBytes, t);
-            }
-        }
+        const bool ordered = Traits::kDqSplitN && turns.sem != nullptr;  // deterministic
+        if (ordered) turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
+        ptx90::wgmma_wait<0>();
+        ptx90::fence_operand(acc_dq);
+        add_dq_slab<kHeadDim>(acc_dq, dq_head, m0, seq.seqlen_q, Traits::kDqSplitN ? c : 0, t);
+        if (ordered) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
     }
 
     if constexpr (Traits::kDqSplitN) {  // deterministic: the query blocks after this CTA's
