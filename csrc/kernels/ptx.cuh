@@ -98,6 +98,11 @@ __device__ __forceinline__ void st_shared_4(uint32_t smem_addr, uint32_t value) 
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(value) : "memory");
 }
 
+// st.shared.v2.f32: two floats, 8-byte aligned.
+__device__ __forceinline__ void st_shared_f32x2(uint32_t smem_addr, float a, float b) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_addr), "f"(a), "f"(b) : "memory");
+}
+
 // mov.b32 behind an asm barrier: returns x, but the compiler cannot see that it does, so
 // values derived from it are computed where they are used instead of being hoisted out of the
 // main loop and kept in registers (register-pressure control, no instruction cost beyond a MOV).

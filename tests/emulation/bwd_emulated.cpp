@@ -142,7 +142,7 @@ bool run_sm90(BwdParams& params) {
     emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
         blockDim = dim3(Traits::kNThreads, 1, 1);
         s90::bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>()(params, maps.q, maps.k, maps.v,
-                                                                  maps.d_o);
+                                                                  maps.d_o, maps.dq_accum);
     });
     launch(dim3(4, params.h), 256, 0, &mha_bwd_convert_dq_kernel<Element, EMU_HEAD_DIM>, params);
     if (!params.dkv_direct) {

@@ -82,12 +82,26 @@ struct BwdSm90Traits {
     static constexpr int kDSBuffers = kDqSplitN ? 2 : 1;
     static constexpr int kPBuffers = kWide ? 2 : 0;
 
+    // dQ by TMA reductions (d64 / d128; bwd_sm90_host.h bwd_sm90_dq_by_tma): each consumer
+    // warpgroup stages its 64 queries x 64 columns of dQ in fp32 (two boxes of 32 columns x 64
+    // rows, 128-byte swizzle) and one of its threads adds them to dq_accum with
+    // cp.reduce.async.bulk.tensor, instead of 16 red.global per thread. One buffer per warpgroup
+    // where dQ is split by columns (d128: the named barrier before each dQ GEMM also says that
+    // the previous reductions have read it), two at d64. The wide kernel (d256) has no room:
+    // red.global.
+    static constexpr bool kDqByTma = !kWide;
+    static constexpr int kDqBoxBytes = BlockM * 128;
+    static constexpr int kDqBuffers = kDqByTma ? (kDqSplitN ? 1 : 2) : 0;  // per warpgroup
+    static constexpr int kDqBufferBytes = 2 * kDqBoxBytes;
+
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kKVBytes;
     static constexpr int kSmemQOffset = 2 * kKVBytes;  // stage s: Q, then dO
     static constexpr int kSmemDSOffset = kSmemQOffset + kStages * 2 * kQBytes;
     static constexpr int kSmemPOffset = kSmemDSOffset + kDSBuffers * kDSBytes;
-    static constexpr int kSmemLseOffset = kSmemPOffset + kPBuffers * kDSBytes;  // [stage][BlockM]
+    static constexpr int kSmemDqOffset = kSmemPOffset + kPBuffers * kDSBytes;  // [wg][buffer]
+    static constexpr int kSmemLseOffset =
+        kSmemDqOffset + kConsumerWarpgroups * kDqBuffers * kDqBufferBytes;  // [stage][BlockM]
     static constexpr int kSmemDOffset = kSmemLseOffset + kStages * BlockM * 4;
     static constexpr int kSmemBarOffset = kSmemDOffset + kStages * BlockM * 4;
     // mbarriers: full K/V, then per stage full Q, empty Q.
@@ -136,6 +150,11 @@ struct BwdSm90Smem {
     }
     __device__ __forceinline__ uint32_t p(int buffer) const {
         return base + Traits::kSmemPOffset + buffer * Traits::kDSBytes;
+    }
+    // Consumer warpgroup c's staged dQ, buffer `buffer`.
+    __device__ __forceinline__ uint32_t dq(int c, int buffer) const {
+        return base + Traits::kSmemDqOffset +
+               (c * Traits::kDqBuffers + buffer) * Traits::kDqBufferBytes;
     }
     __device__ __forceinline__ uint32_t lse(int stage) const {
         return base + Traits::kSmemLseOffset + stage * Traits::kBlockM * 4;
@@ -389,6 +408,27 @@ __device__ __forceinline__ void add_dq_slab(const float (&acc_dq)[32], float* dq
     }
 }
 
+// acc_dq (issue_dq_slab's, landed) into a staged-dQ buffer: 64 rows x 64 fp32 columns as two
+// boxes of 32 columns (kDqBoxBytes apart), each row 128 bytes with the 128-byte swizzle (16-byte
+// chunk j of row r at j ^ (r % 8), the layout the TMA reads for an fp32 box of 32 columns). Row
+// 16 w + g (+ 8), columns 8 nt + 2 q (+ 1): a warp's 8-byte stores of one (nt, half) cover 256
+// distinct bytes (two wavefronts).
+template <int kDqBoxBytes>
+__device__ __forceinline__ void stage_dq_slab(const float (&acc_dq)[32], uint32_t buffer, int t) {
+    const int lane = t % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = 16 * (t / 32) + g + 8 * half;
+        const uint32_t row_addr = buffer + row * 128 + 8 * (q % 2);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const int chunk = 2 * (nt % 4) + q / 2;
+            ptx::st_shared_f32x2(row_addr + (nt / 4) * kDqBoxBytes + ((chunk ^ g) << 4),
+                                 acc_dq[4 * nt + 2 * half], acc_dq[4 * nt + 2 * half + 1]);
+        }
+    }
+}
+
 // Deterministic dQ (params.deterministic; head dims whose dQ is split by columns, so one thread
 // per CTA adds to each dq_accum element). The CTAs of one (batch, head) add to the rows of each
 // 64-query block in a fixed order, their blockIdx.x (key blocks from the last one down,
@@ -447,7 +487,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                         const __grid_constant__ CUtensorMap q_map,
                         const __grid_constant__ CUtensorMap k_map,
                         const __grid_constant__ CUtensorMap v_map,
-                        const __grid_constant__ CUtensorMap do_map) {
+                        const __grid_constant__ CUtensorMap do_map,
+                        const __grid_constant__ CUtensorMap dq_map) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap();  // no body outside sm_90a (see fwd_sm90.cuh)
 #else
@@ -456,6 +497,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kStages = Traits::kStages;
     constexpr int kSlabs = Traits::kSlabs;
+    constexpr int kDqBuffers = Traits::kDqBuffers;
     using PTile = typename Traits::PTile;
     static_assert(!Traits::kWide, "d256: mha_bwd_sm90_wide_kernel");
 
@@ -483,9 +525,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int key_row0 = 64 * c + 16 * (t / 32);  // the warp's first key in the block
     const float score_log2 = params.scale_softmax_log2;
     const float alibi_slope_log2 = HasAlibi ? sm80::bwd_alibi_slope_log2(params, batch, head) : 0.f;
-    float* const dq_head = sm80::bwd_dq_head<kHeadDim>(params, seq);
     const DqTurns turns = DqTurns::make(params, batch, head, seq.seqlen_q);  // deterministic
     const bool elected = c == 0 && t == 0;
+    // This warpgroup's dQ columns (64 dq_slab .. + 63) and dq_accum's row of query 0 (the TMA's
+    // row coordinate: dq_accum has fewer than 2^31 rows, bwd_sm90_host.h make_dq_accum_map).
+    const int dq_slab = Traits::kDqSplitN ? c : 0;
+    const int dq_row0 = static_cast<int>(seq.acc_row0);
+    static_assert(Traits::kDqByTma, "dQ by TMA reductions (the wide kernel: red.global)");
 
     float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];  // wgmma layout, rows = the warp's keys
 #pragma unroll
@@ -573,7 +619,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // the async proxy): slab c over all kBlockN keys. Else (d64, one slab) this warpgroup's
         // own 64 keys.
         float acc_dq[32];
+        const uint32_t dq_buffer = smem.dq(c, kDqBuffers > 1 ? it % kDqBuffers : 0);
         if constexpr (Traits::kDqSplitN) {
+            // One staged-dQ buffer: its previous reductions have read it before this barrier.
+            if (kDqBuffers == 1 && t == 0) ptx90::bulk_wait_group_read<0>();
             ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
             issue_dq_slab<Element, kBlockN / 16>(
                 acc_dq, ds_buffer, smem.k() + ptx::opaque(0u) + c * Traits::kKVSlabBytes);
@@ -591,9 +640,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (ordered) turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dq);
-        add_dq_slab<kHeadDim>(acc_dq, dq_head, m0, seq.seqlen_q, Traits::kDqSplitN ? c : 0, t);
+        // Staged, then one thread of the warpgroup issues the two boxes' reductions. Two
+        // buffers (d64): the reductions of the previous block, into the other buffer, have read
+        // it before the barrier below, so the next block may write it. Deterministic: this
+        // block's reductions are complete (and ordered before the turn's release) first.
+        stage_dq_slab<Traits::kDqBoxBytes>(acc_dq, dq_buffer, t);
+        ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
+        if (kDqBuffers > 1 && t == 0) ptx90::bulk_wait_group_read<0>();
+        // The warpgroup's barrier (3 or 4), its id a constant (a register id costs a register).
+        if (c == 0) {
+            ptx90::named_barrier_sync(3, 128);
+        } else {
+            ptx90::named_barrier_sync(4, 128);
+        }
+        if (t == 0) {
+            const int row = dq_row0 + m0;
+            ptx90::tma_reduce_add_2d(&dq_map, dq_buffer, 64 * dq_slab, row);
+            ptx90::tma_reduce_add_2d(&dq_map, dq_buffer + Traits::kDqBoxBytes, 64 * dq_slab + 32,
+                                     row);
+            ptx90::bulk_commit_group();
+            if (ordered) {
+                ptx90::bulk_wait_group<0>();
+                ptx90::fence_proxy_async_global();
+            }
+        }
         if (ordered) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
     }
+    // The staged dQ must outlive its reductions' reads.
+    if (t == 0) ptx90::bulk_wait_group<0>();
 
     if constexpr (Traits::kDqSplitN) {  // deterministic: the query blocks after this CTA's
         if (turns.sem != nullptr && elected) turns.pass_range(n_iters > 0 ? blocks.max : 0,

@@ -1,5 +1,6 @@
 // Host side of the sm90 backward (kernels/sm90/bwd_sm90.cuh), shared by its launcher, flash_api.cpp
-// and the CPU emulator: which calls the kernel covers, and the tensor maps of q, k, v and dO.
+// and the CPU emulator: which calls the kernel covers, and the tensor maps of q, k, v, dO and the
+// dQ accumulator.
 #pragma once
 
 #include <cuda.h>
@@ -26,10 +27,31 @@ inline bool bwd_supports(const BwdParams& p) {
            p.is_seqlens_k_cumulative && p.b <= 65535 && p.h <= 65535;
 }
 
-// The forward's q, k, v maps and one of dO.
+// The forward's q, k, v maps, one of dO and one of the dQ accumulator.
 struct BwdTensorMaps : FwdTensorMaps {
-    CUtensorMap d_o;
+    CUtensorMap d_o, dq_accum;
 };
+
+// Whether the main kernel adds its dQ to dq_accum by TMA reductions from shared memory
+// (bwd_sm90.cuh kDqByTma: head dims 64 and 128) rather than by red.global from the registers
+// (the wide kernel, d256).
+inline bool bwd_sm90_dq_by_tma(const BwdParams& p) { return p.d <= 128; }
+
+// The dQ accumulator as a 2-D fp32 map: its rows (b h seqlen_q_rounded, or varlen h total_q)
+// of d columns, boxes of 32 columns x box_rows rows with the 128-byte swizzle (the layout the
+// kernel stages dQ in); zeroed where bwd_sm90_dq_by_tma does not hold.
+inline int make_dq_accum_map(const BwdParams& p, uint32_t box_rows, CUtensorMap* map) {
+    *map = CUtensorMap{};
+    if (!bwd_sm90_dq_by_tma(p)) return 0;
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const int64_t rows = varlen ? static_cast<int64_t>(p.h) * p.total_q
+                                : static_cast<int64_t>(p.b) * p.h * p.seqlen_q_rounded;
+    TensorMapDesc m = matrix_map(p.dq_accum_ptr, static_cast<uint64_t>(rows),
+                                 static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.d) * 4,
+                                 box_rows, 32);
+    m.elem_bytes = 4;
+    return encode_tensor_map(map, m);
+}
 
 // Boxes of q_box_rows rows for q and dO, kv_box_rows rows for k and v.
 inline int make_bwd_tensor_maps(const BwdParams& p, uint32_t q_box_rows, uint32_t kv_box_rows,
@@ -37,9 +59,10 @@ inline int make_bwd_tensor_maps(const BwdParams& p, uint32_t q_box_rows, uint32_
     const int r = make_fwd_tensor_maps(p, q_box_rows, kv_box_rows, maps);
     if (r != 0) return r;
     const bool varlen = p.cu_seqlens_q != nullptr;
-    return encode_rows_map(&maps->d_o, p.do_ptr, p.d, varlen ? p.total_q : p.seqlen_q, p.h, p.b,
-                           varlen, p.do_row_stride, p.do_head_stride, p.do_batch_stride,
-                           q_box_rows);
+    const int r_do = encode_rows_map(&maps->d_o, p.do_ptr, p.d, varlen ? p.total_q : p.seqlen_q,
+                                     p.h, p.b, varlen, p.do_row_stride, p.do_head_stride,
+                                     p.do_batch_stride, q_box_rows);
+    return r_do != 0 ? r_do : make_dq_accum_map(p, q_box_rows, &maps->dq_accum);
 }
 
 }  // namespace sm90

@@ -24,7 +24,7 @@ void launch_bwd_sm90_kernel(BwdParams& params, const BwdTensorMaps& maps, cudaSt
     reserve_dynamic_smem(kernel, Traits::kSmemBytes, "sm90 backward kernel");
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b, params.h);
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, maps.q, maps.k, maps.v,
-                                                                     maps.d_o);
+                                                                     maps.d_o, maps.dq_accum);
     FLASH_CUDA_CHECK_LAUNCH();
 }
 

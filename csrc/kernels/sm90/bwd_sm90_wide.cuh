@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                              const __grid_constant__ CUtensorMap q_map,
                              const __grid_constant__ CUtensorMap k_map,
                              const __grid_constant__ CUtensorMap v_map,
-                             const __grid_constant__ CUtensorMap do_map) {
+                             const __grid_constant__ CUtensorMap do_map,
+                             const __grid_constant__ CUtensorMap /*dq_map: unused, red.global*/) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap();  // no body outside sm_90a (see fwd_sm90.cuh)
 #else

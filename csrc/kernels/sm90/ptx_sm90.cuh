@@ -89,6 +89,12 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// fence.proxy.async.global: orders this thread's async-proxy accesses of global memory (the TMA
+// reductions a bulk_wait_group has seen complete) with its later generic-proxy ones (a release).
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: `bytes` (a multiple of
 // 16, both addresses 16-byte aligned) from global to shared memory; completes `bytes`
 // transaction bytes on the mbarrier.
@@ -136,6 +142,19 @@ __device__ __forceinline__ void tma_store_4d(const void* tensor_map, uint32_t sm
         "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
         ::"l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_src), "r"(c0), "r"(c1), "r"(c2),
         "r"(c3)
+        : "memory");
+}
+
+// cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group: the box at (c0, c1) of
+// an fp32 map, read from shared memory at smem_src (the map's swizzle), added element-wise to
+// global memory by the TMA unit (elements outside the tensor are skipped). A bulk group as
+// tma_store_4d.
+__device__ __forceinline__ void tma_reduce_add_2d(const void* tensor_map, uint32_t smem_src,
+                                                  int c0, int c1) {
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], "
+        "[%1];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map)),
+        "r"(smem_src), "r"(c0), "r"(c1)
         : "memory");
 }
 

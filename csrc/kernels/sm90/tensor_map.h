@@ -31,10 +31,13 @@ inline int encode_tensor_map(CUtensorMap* map, const TensorMapDesc& m) {
         return reinterpret_cast<EncodeTiled>(fn);
     }();
     if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
-    if (m.rank < 2 || m.rank > 4) return CUDA_ERROR_INVALID_VALUE;
+    if (m.rank < 2 || m.rank > 4 || (m.elem_bytes != 2 && m.elem_bytes != 4)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
     return static_cast<int>(encode(
-        map, CU_TENSOR_MAP_DATA_TYPE_UINT16, static_cast<cuuint32_t>(m.rank),
+        map, m.elem_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        static_cast<cuuint32_t>(m.rank),
         const_cast<void*>(m.base), m.dims, m.strides_bytes + 1, m.box, elem_strides,
         CU_TENSOR_MAP_INTERLEAVE_NONE,
         m.swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,

@@ -21,6 +21,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -254,6 +255,7 @@ inline void store_release_global(int* addr, int value) {
 // ---- async proxy ----
 
 inline void fence_proxy_async_shared() {}
+inline void fence_proxy_async_global() {}
 
 inline void bulk_copy_g2s(uint32_t smem_dst, const void* gmem_src, uint32_t bytes, uint32_t bar) {
     if (bytes % 16 != 0) emu::fail("cp.async.bulk size not a multiple of 16", bytes);
@@ -269,7 +271,7 @@ inline void bulk_copy_g2s(uint32_t smem_dst, const void* gmem_src, uint32_t byte
 namespace detail {
 // Rows of a TMA box (box[1] x box[2] x box[3]; box[0] elements each) and their bytes.
 inline uint32_t box_rows(const sm90::TensorMapDesc& m) { return m.box[1] * m.box[2] * m.box[3]; }
-inline uint32_t box_row_bytes(const sm90::TensorMapDesc& m) { return m.box[0] * 2; }
+inline uint32_t box_row_bytes(const sm90::TensorMapDesc& m) { return m.box[0] * m.elem_bytes; }
 
 // Box row r of the map at coordinates c: coordinates (c1 + i1, c2 + i2, c3 + i3), i1 fastest.
 // Whether it lies inside the tensor; row_off: its byte offset from the map's base.
@@ -293,7 +295,7 @@ inline bool box_row(const sm90::TensorMapDesc& m, const int (&c)[4], uint32_t r,
 
 // Shared-memory byte offset of element e of box row r (the 128-byte swizzle on the offsets).
 inline uint32_t box_smem_offset(const sm90::TensorMapDesc& m, uint32_t r, uint32_t e) {
-    uint32_t off = r * box_row_bytes(m) + e * 2;
+    uint32_t off = r * box_row_bytes(m) + e * m.elem_bytes;
     if (m.swizzle_bytes == 128) off ^= ((off >> 7) & 7u) << 4;
     return off;
 }
@@ -312,9 +314,9 @@ inline void tma_load(uint32_t smem_dst, const void* tensor_map, const int (&c)[4
             const long long x = static_cast<long long>(c[0]) + e;
             if (x < 0 || x >= static_cast<long long>(m.dims[0])) continue;  // zero fill
             const uint32_t off = box_smem_offset(m, r, e);
-            const auto* src = static_cast<const unsigned char*>(m.base) + row_off + x * 2;
-            emu::check_readable(src, 2);
-            std::memcpy(&image[off], src, 2);
+            const auto* src = static_cast<const unsigned char*>(m.base) + row_off + x * m.elem_bytes;
+            emu::check_readable(src, m.elem_bytes);
+            std::memcpy(&image[off], src, m.elem_bytes);
         }
     }
     stage_copy(bar, smem_dst, std::move(image));
@@ -328,6 +330,7 @@ struct PendingStore {
     const void* tensor_map;
     uint32_t smem_src;
     int c[4];
+    bool add = false;  // a reduction (fp32 add) into global memory instead of a copy
 };
 struct BulkGroups {
     std::vector<PendingStore> open;                 // issued since the last commit
@@ -346,8 +349,16 @@ inline void tma_store_now(const PendingStore& st) {
             const long long x = static_cast<long long>(st.c[0]) + e;
             if (x < 0 || x >= static_cast<long long>(m.dims[0])) continue;
             const uint32_t off = box_smem_offset(m, r, e);
-            auto* dst = static_cast<unsigned char*>(const_cast<void*>(m.base)) + row_off + x * 2;
-            std::memcpy(dst, image + off, 2);
+            auto* dst = static_cast<unsigned char*>(const_cast<void*>(m.base)) + row_off +
+                        x * m.elem_bytes;
+            if (st.add) {
+                if (m.elem_bytes != 4) emu::fail("TMA reduction add on a map that is not fp32", 0);
+                float value;
+                std::memcpy(&value, image + off, 4);
+                std::atomic_ref<float>(*reinterpret_cast<float*>(dst)).fetch_add(value);
+            } else {
+                std::memcpy(dst, image + off, m.elem_bytes);
+            }
         }
     }
 }
@@ -365,6 +376,11 @@ inline void tma_store_4d(const void* tensor_map, uint32_t smem_src, int c0, int 
                          int c3) {
     sm90::tensor_map_fields(tensor_map);  // fails on a map that was not encoded
     detail::tl_bulk_groups.open.push_back({tensor_map, smem_src, {c0, c1, c2, c3}});
+}
+// cp.reduce.async.bulk.tensor.2d ... .add: the box at (c0, c1) added to global memory (fp32).
+inline void tma_reduce_add_2d(const void* tensor_map, uint32_t smem_src, int c0, int c1) {
+    sm90::tensor_map_fields(tensor_map);
+    detail::tl_bulk_groups.open.push_back({tensor_map, smem_src, {c0, c1, 0, 0}, true});
 }
 inline void bulk_commit_group() {
     detail::BulkGroups& g = detail::tl_bulk_groups;

@@ -16,8 +16,9 @@ constexpr uint64_t kEmuTensorMapMagic = 0x5445'4e53'4f52'4d41ull;  // "TENSORMA"
 
 inline int encode_tensor_map(CUtensorMap* map, const TensorMapDesc& m) {
     bool ok = m.base != nullptr && reinterpret_cast<uintptr_t>(m.base) % 16 == 0 && m.rank >= 2 &&
-              m.rank <= 4 && (m.box[0] * 2) % 16 == 0 &&
-              (m.swizzle_bytes == 0 || (m.swizzle_bytes == 128 && m.box[0] * 2 <= 128));
+              m.rank <= 4 && (m.elem_bytes == 2 || m.elem_bytes == 4) &&
+              (m.box[0] * m.elem_bytes) % 16 == 0 &&
+              (m.swizzle_bytes == 0 || (m.swizzle_bytes == 128 && m.box[0] * m.elem_bytes <= 128));
     for (int i = 0; i < m.rank; ++i) {
         ok = ok && m.dims[i] >= 1 && m.box[i] >= 1 && m.box[i] <= 256;
         if (i > 0) ok = ok && m.strides_bytes[i] % 16 == 0 && m.strides_bytes[i] < (1ull << 40);
