@@ -147,6 +147,10 @@ def prefill_calls():
             qb, kb, vb = (rand(2, s, 4, d, grad=True) for _ in range(3))
             out = flash_cuda.flash_attn_func(qb, kb, vb, causal=True)
             run(f"fixed fwd+bwd d{d} s{s}", lambda: out.backward(torch.ones_like(out)))
+        if d == 128:  # the sm90 backward's deterministic turns (dQ by TMA reductions in order)
+            out = flash_cuda.flash_attn_func(qb, kb, vb, deterministic=True)
+            run(f"fixed fwd+bwd d{d} s300 deterministic",
+                lambda: out.backward(torch.ones_like(out)))
 
 
 def unchecked_decode_calls():

@@ -1,6 +1,7 @@
 // Backward main kernel on Hopper (sm_90a): TMA, mbarriers and wgmma (../shared/DESIGN.md sections
-// 6 and 7). First version: one query block at a time per consumer warpgroup (no overlap of its
-// GEMMs with the softmax work), dQ by fp32 reductions from the registers.
+// 6 and 7). One query block at a time per consumer warpgroup (its GEMMs do not overlap its
+// softmax work; the two warpgroups' do), dQ added to dq_accum by TMA reductions from shared
+// memory.
 //
 // One CTA = kBlockN = 128 keys of one (batch, query head), 3 warpgroups (384 threads):
 //   warpgroup 0, the producer (registers lowered to 24):
@@ -20,16 +21,20 @@
 //       dV  += P^T dO, dK += dS^T Q         wgmma RS, dO / Q MN-major (k = queries)
 //       dS^T -> shared memory (rows = keys, 64 queries per 128-byte row: an MN-major A)
 //       dQ   = dS K                         wgmma SS (n64 per 64-column slab), A and B
-//              MN-major; added to dq_accum with red.global.add.v2.f32. d128: warpgroup c
-//              takes columns 64 c.. over all 128 keys (dS^T double-buffered, a named barrier
-//              between the warpgroups), one reduction per element; d64: each warpgroup its
-//              own 64 keys over all columns, two reductions per element.
+//              MN-major, issued right behind dV and dK; staged in shared memory (fp32, 64 x 64
+//              per warpgroup) and added to dq_accum by one thread's cp.reduce.async.bulk.tensor
+//              (.add; the red.global.add.v2.f32 from the registers it replaced held 16-20% of
+//              the consumers' time in register and LSU-queue waits: bench/NOTES.md run 171).
+//              d128: warpgroup c takes columns 64 c.. over all 128 keys (dS^T double-buffered,
+//              a named barrier between the warpgroups), one reduction per element; d64: each
+//              warpgroup its own 64 keys over all columns, two reductions per element.
 //   After the loop: dK (times the softmax scale) and dV to the outputs or, GQA, the fp32
 //   per-query-head workspaces (sm80/bwd_dkv_store.cuh).
 // Everything around it is the sm80 backward's (sm80/bwd_steps.cuh): the preprocess (D), the
 // dq_accum -> dq conversion, the GQA dk / dv sums; workspaces and params as bwd_launch.cuh says.
 // deterministic=True (d128; d256 in bwd_sm90_wide.cuh): the dQ additions of the CTAs take turns
-// per query block (DqTurns below). Not here (the launcher keeps these on sm80): softcap,
+// per query block (DqTurns below); at d128 the turn passes on once the block's TMA reductions
+// are complete. Not here (the launcher keeps these on sm80): softcap,
 // dropout, deterministic at d64, head dims other than 64 / 128 / 256 (d256:
 // bwd_sm90_wide.cuh, which shares this file's traits and pieces). Grid (key blocks, b, h).
 #pragma once
@@ -531,6 +536,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // row coordinate: dq_accum has fewer than 2^31 rows, bwd_sm90_host.h make_dq_accum_map).
     const int dq_slab = Traits::kDqSplitN ? c : 0;
     const int dq_row0 = static_cast<int>(seq.acc_row0);
+    const bool ordered = Traits::kDqSplitN && turns.sem != nullptr;  // deterministic
     static_assert(Traits::kDqByTma, "dQ by TMA reductions (the wide kernel: red.global)");
 
     float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];  // wgmma layout, rows = the warp's keys
@@ -636,7 +642,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_operand(p_frag);
         ptx90::fence_operand(ds_frag);
         ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
-        const bool ordered = Traits::kDqSplitN && turns.sem != nullptr;  // deterministic
         if (ordered) turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dq);

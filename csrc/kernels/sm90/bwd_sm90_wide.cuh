@@ -14,9 +14,10 @@
 //                                          halves are needed by both warpgroups
 //   dV[:, 128 c..] += P^T dO[:, 128 c..]   wgmma SS (n128): A = P^T rows (K-major), B = dO
 //   dK[:, 128 c..] += dS^T Q[:, 128 c..]   MN-major from slab 2 c
-//   dQ[:, 128 c..] = dS K[:, 128 c..]      two 64-column slabs over all 64 keys (issued behind
-//                                          dV and dK): one fp32 reduction per dq_accum
-//                                          element per CTA
+//   dQ[:, 128 c..] = dS K[:, 128 c..]      two 64-column slabs over all 64 keys, added to
+//                                          dq_accum by red.global (no shared memory left for
+//                                          bwd_sm90.cuh's TMA reductions): one fp32 reduction
+//                                          per dq_accum element per CTA
 // The double buffer of P^T / dS^T: a warpgroup writes buffer (it + 1) % 2 while the other may
 // still read buffer it % 2; it cannot write buffer it % 2 again before the other warpgroup has
 // reached the named barrier of it + 1, which it does after its last read of it % 2 (wgmma
@@ -47,8 +48,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kHalfD = kHeadDim / 2;              // columns of dK / dV per warpgroup: 128
     constexpr int kSlabsPerWarpgroup = kHalfD / 64;   // 2
     using PTile = typename Traits::PTile;
-    static_assert(Traits::kWide && kBlockN == 64 && kCols == 32 && kSlabsPerWarpgroup == 2,
-                  "the d256 geometry");
+    static_assert(Traits::kWide && kBlockN == 64 && kCols == 32, "the d256 geometry");
 
     const BwdSm90Smem<Traits> smem = BwdSm90Smem<Traits>::make();
     const int tid = threadIdx.x;
@@ -161,31 +161,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         dkv_gemm(acc_dv, pt_rows, smem.d_o(stage));
         dkv_gemm(acc_dk, ds_rows, smem.q(stage));
         ptx90::wgmma_commit();
-
-        // dQ = dS K on this warpgroup's two slabs, over all 64 keys of the block, issued behind
-        // dV and dK (64 accumulators beside their 128).
-        float acc_dq[kSlabsPerWarpgroup][32];
-#pragma unroll
-        for (int i = 0; i < kSlabsPerWarpgroup; ++i) {
-            const int slab = kSlabsPerWarpgroup * c + i;
-            issue_dq_slab<Element, kBlockN / 16>(
-                acc_dq[i], ds_rows,
-                smem.k() + ptx::opaque(static_cast<uint32_t>(slab * Traits::kKVSlabBytes)));
-        }
-        ptx90::wgmma_wait<kSlabsPerWarpgroup>();  // dV and dK have landed
+        ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dv);
         ptx90::fence_operand(acc_dk);
         ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
+
+        // dQ = dS K on this warpgroup's two slabs, over all 64 keys of the block.
         if (turns.sem != nullptr) {
             turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
         }
-        // Each slab's additions as soon as it has landed.
-        ptx90::wgmma_wait<1>();
-        ptx90::fence_operand(acc_dq[0]);
-        add_dq_slab<kHeadDim>(acc_dq[0], dq_head, m0, seq.seqlen_q, kSlabsPerWarpgroup * c, t);
-        ptx90::wgmma_wait<0>();
-        ptx90::fence_operand(acc_dq[1]);
-        add_dq_slab<kHeadDim>(acc_dq[1], dq_head, m0, seq.seqlen_q, kSlabsPerWarpgroup * c + 1, t);
+#pragma unroll
+        for (int i = 0; i < kSlabsPerWarpgroup; ++i) {
+            const int slab = kSlabsPerWarpgroup * c + i;
+            float acc_dq[32];
+            issue_dq_slab<Element, kBlockN / 16>(
+                acc_dq, ds_rows,
+                smem.k() + ptx::opaque(static_cast<uint32_t>(slab * Traits::kKVSlabBytes)));
+            ptx90::wgmma_wait<0>();
+            ptx90::fence_operand(acc_dq);
+            add_dq_slab<kHeadDim>(acc_dq, dq_head, m0, seq.seqlen_q, slab, t);
+        }
         if (turns.sem != nullptr) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
     }
     if (turns.sem != nullptr && elected) {  // deterministic: the query blocks after this CTA's
