@@ -377,8 +377,8 @@ __device__ __forceinline__ void store_key_rows(uint32_t rows, const uint32_t (&f
 
 // dQ = dS K over 16 kKSteps keys, one 64-column slab (32 accumulators): A = dS^T rows at a_rows
 // (MN-major: k = keys, 16 of them = 2048 bytes per step), B = the K slab's rows at b_rows
-// (MN-major). Issued and committed, not waited for: the callers issue it behind dV and dK, so the
-// tensor cores go on from one to the other while the warpgroup waits for dV and dK.
+// (MN-major). Issued and committed, not waited for: this file's kernel issues it right behind dV
+// and dK (the tensor cores go on from one to the other); the wide kernel waits for it at once.
 template <typename Element, int kKSteps>
 __device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[32], uint32_t a_rows,
                                               uint32_t b_rows) {
@@ -396,6 +396,7 @@ __device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[32], uint32_t a_ro
 
 // dq_accum[m0 .., 64 slab ..] += acc_dq (issue_dq_slab's, landed): rows = queries m0 + 16 w + g
 // (+ 8), columns 8 nt + 2 q (+ 1); added with red.global.add.v2.f32, rows past seqlen_q skipped.
+// The wide kernel's (d256); this file's stages dQ for TMA reductions (stage_dq_slab).
 template <int kHeadDim>
 __device__ __forceinline__ void add_dq_slab(const float (&acc_dq)[32], float* dq_head, int m0,
                                             int seqlen_q, int slab, int t) {
