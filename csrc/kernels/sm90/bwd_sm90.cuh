@@ -534,7 +534,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const DqTurns turns = DqTurns::make(params, batch, head, seq.seqlen_q);  // deterministic
     const bool elected = c == 0 && t == 0;
     // This warpgroup's dQ columns (64 dq_slab .. + 63) and dq_accum's row of query 0 (the TMA's
-    // row coordinate: dq_accum has fewer than 2^31 rows, bwd_sm90_host.h make_dq_accum_map).
+    // row coordinate: bwd_sm90_host.h make_dq_accum_map refuses 2^31 rows or more).
     const int dq_slab = Traits::kDqSplitN ? c : 0;
     const int dq_row0 = static_cast<int>(seq.acc_row0);
     const bool ordered = Traits::kDqSplitN && turns.sem != nullptr;  // deterministic

@@ -46,6 +46,8 @@ inline int make_dq_accum_map(const BwdParams& p, uint32_t box_rows, CUtensorMap*
     const bool varlen = p.cu_seqlens_q != nullptr;
     const int64_t rows = varlen ? static_cast<int64_t>(p.h) * p.total_q
                                 : static_cast<int64_t>(p.b) * p.h * p.seqlen_q_rounded;
+    // The kernel's row coordinates are 32-bit (2^31 rows of fp32 would be >= 512 GB).
+    if (rows >= (int64_t{1} << 31)) return CUDA_ERROR_INVALID_VALUE;
     TensorMapDesc m = matrix_map(p.dq_accum_ptr, static_cast<uint64_t>(rows),
                                  static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.d) * 4,
                                  box_rows, 32);
