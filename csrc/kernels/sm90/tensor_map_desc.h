@@ -1,5 +1,6 @@
 // What a TMA tensor map describes (TensorMapDesc): a strided tensor of 16-bit elements (or fp32:
-// the backward's dQ accumulator, which TMA reductions add to) of rank 2 to 4, the box one cp.async.bulk.tensor copy moves and its shared-memory swizzle. Shared by
+// the backward's dQ accumulator, which TMA reductions add to) of rank 2 to 4, the box one
+// cp.async.bulk.tensor copy moves and its shared-memory swizzle. Shared by
 // kernels/sm90/tensor_map.h (encodes it with the driver) and the CPU emulator's replacement of
 // that header (keeps it for its TMA copies).
 #pragma once

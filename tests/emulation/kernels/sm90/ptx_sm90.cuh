@@ -314,7 +314,8 @@ inline void tma_load(uint32_t smem_dst, const void* tensor_map, const int (&c)[4
             const long long x = static_cast<long long>(c[0]) + e;
             if (x < 0 || x >= static_cast<long long>(m.dims[0])) continue;  // zero fill
             const uint32_t off = box_smem_offset(m, r, e);
-            const auto* src = static_cast<const unsigned char*>(m.base) + row_off + x * m.elem_bytes;
+            const auto* src =
+                static_cast<const unsigned char*>(m.base) + row_off + x * m.elem_bytes;
             emu::check_readable(src, m.elem_bytes);
             std::memcpy(&image[off], src, m.elem_bytes);
         }
