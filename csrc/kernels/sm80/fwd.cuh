@@ -860,11 +860,14 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
     if constexpr (kWarpSpecialized) {
         ptx::cp_async_commit();  // Q (issued by the compute threads above)
         if (tid == 0) ring.init();
+        // A producer's first page lookup (registers only) before the barrier: its block-table
+        // loads' round trip overlaps the barrier and the ring's setup.
+        if (tid >= Traits::kNThreads) lookup_pages(0, kv);
         __syncthreads();  // the ring's barriers and the CTA scalars, for every warp
         if (tid >= Traits::kNThreads) {
             for (int it = 0; it < n_iters; ++it) {
                 ring.acquire(it);
-                lookup_pages(it, kv);
+                if (it > 0) lookup_pages(it, kv);
                 load_k(it, kv);
                 ring.k_issued(it);
                 load_v(it, kv);
