@@ -108,17 +108,12 @@ void run_tile(BwdParams& params) {
     }
 }
 
-// The sm90 backward (kernels/sm90/bwd_sm90.cuh) where it covers the call and the environment has
-// EMU_SM90=1 (as flash_api.cpp with FLASH_CUDA_SM90=1 on an sm_90 GPU), between the same
-// preprocess and convert kernels as the sm80 backward. False when it did not run.
-template <typename Element, bool Causal, bool HasAlibi>
-bool run_sm90(BwdParams& params) {
 #if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
+// The kernel of Traits (bwd_sm90_launch.cuh's choice: OrderedTraits when deterministic).
+template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+void run_sm90_kernel(BwdParams& params) {
     namespace s90 = flash_cuda::sm90;
     using namespace flash_cuda::sm80;
-    const char* want = std::getenv("EMU_SM90");
-    if (want == nullptr || std::string(want) != "1" || !s90::bwd_supports(params)) return false;
-    using Traits = typename s90::BwdSm90Config<EMU_HEAD_DIM>::Traits;
     s90::BwdTensorMaps maps;
     if (s90::make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps) != 0) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
@@ -173,6 +168,24 @@ bool run_sm90(BwdParams& params) {
                 }
             }
         }
+    }
+}
+#endif
+
+// The sm90 backward (kernels/sm90/bwd_sm90.cuh) where it covers the call and the environment has
+// EMU_SM90=1 (as flash_api.cpp with FLASH_CUDA_SM90=1 on an sm_90 GPU), between the same
+// preprocess and convert kernels as the sm80 backward. False when it did not run.
+template <typename Element, bool Causal, bool HasAlibi>
+bool run_sm90(BwdParams& params) {
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
+    namespace s90 = flash_cuda::sm90;
+    const char* want = std::getenv("EMU_SM90");
+    if (want == nullptr || std::string(want) != "1" || !s90::bwd_supports(params)) return false;
+    using Config = s90::BwdSm90Config<EMU_HEAD_DIM>;
+    if (params.deterministic) {
+        run_sm90_kernel<Element, typename Config::OrderedTraits, Causal, HasAlibi>(params);
+    } else {
+        run_sm90_kernel<Element, typename Config::Traits, Causal, HasAlibi>(params);
     }
     return true;
 #else

@@ -1,7 +1,8 @@
 // Backward main kernel on Hopper (sm_90a): TMA, mbarriers and wgmma (../shared/DESIGN.md sections
 // 6 and 7). One query block at a time per consumer warpgroup (its GEMMs do not overlap its
-// softmax work; the two warpgroups' do), dQ added to dq_accum by TMA reductions from shared
-// memory.
+// softmax work); the two warpgroups issue their GEMM batches in turn (pingpong), so one's
+// softmax work runs under the other's GEMMs. dQ added to dq_accum by TMA reductions from
+// shared memory.
 //
 // One CTA = kBlockN = 128 keys of one (batch, query head), 3 warpgroups (384 threads):
 //   warpgroup 0, the producer (registers lowered to 24):
@@ -25,9 +26,17 @@
 //              per warpgroup) and added to dq_accum by one thread's cp.reduce.async.bulk.tensor
 //              (.add; the red.global.add.v2.f32 from the registers it replaced held 16-20% of
 //              the consumers' time in register and LSU-queue waits: bench/NOTES.md run 171).
-//              d128: warpgroup c takes columns 64 c.. over all 128 keys (dS^T double-buffered,
-//              a named barrier between the warpgroups), one reduction per element; d64: each
-//              warpgroup its own 64 keys over all columns, two reductions per element.
+//              d128: warpgroup c takes columns 64 c.. over all 128 keys, one reduction per
+//              element; d64: each warpgroup its own 64 keys over all columns, two reductions
+//              per element.
+//     Pingpong (the default kernels; bench/NOTES.md session 35: fwd+bwd 1.06-1.10x at d64,
+//     1.03-1.07x at d128): the S^T / dP^T batch and the dV / dK / dQ batch of each warpgroup
+//     are issued in turn with the other's (named barriers 5 and 6). At d128 the dQ of a query
+//     block needs the other warpgroup's dS^T of it, written in its softmax step, which the turns
+//     put under this warpgroup's GEMMs; so the dQ GEMM of block m is issued in the batch of
+//     block m + 1 (dS^T in three buffers) and the last block's after the loop.
+//     deterministic=True at d128 (OrderedTraits): no pingpong; dQ of block m right behind its
+//     dV / dK (dS^T double-buffered, a named barrier between the warpgroups) in turns.
 //   After the loop: dK (times the softmax scale) and dV to the outputs or, GQA, the fp32
 //   per-query-head workspaces (sm80/bwd_dkv_store.cuh).
 // Everything around it is the sm80 backward's (sm80/bwd_steps.cuh): the preprocess (D), the
@@ -57,9 +66,13 @@
 namespace flash_cuda {
 namespace sm90 {
 
-template <int HeadDim, int BlockM = 64, int BlockN = (HeadDim > 128 ? 64 : 128)>
+template <int HeadDim, bool Pingpong = false, int BlockM = 64,
+          int BlockN = (HeadDim > 128 ? 64 : 128)>
 struct BwdSm90Traits {
     static constexpr int kHeadDim = HeadDim;
+    // Pingpong: the consumer warpgroups issue their GEMM batches in turn (mha_bwd_sm90_kernel's
+    // my_turn / their_turn), so one's softmax step runs under the other's GEMMs.
+    static constexpr bool kPingpong = Pingpong;
     static constexpr int kBlockM = BlockM;  // queries per iteration
     static constexpr int kBlockN = BlockN;  // keys per CTA
     static constexpr int kStages = 2;       // Q / dO / lse / D buffers
@@ -84,7 +97,13 @@ struct BwdSm90Traits {
     // instead of two. Otherwise (d64) each warpgroup reduces its own 64 keys' share of all
     // columns.
     static constexpr bool kDqSplitN = HeadDim >= 128;
-    static constexpr int kDSBuffers = kDqSplitN ? 2 : 1;
+    // Split by columns with pingpong (d128): a warpgroup's dQ GEMM of query block m waits for
+    // the other's dS^T of m, written in the other's softmax step, which runs under this one's
+    // GEMMs; so the dQ GEMM of block m is issued with block m + 1's dV and dK, when the turns
+    // say the other's dS^T of m is written. Three dS^T buffers: the other warpgroup may still
+    // read block m - 2's while this one writes block m + 1's.
+    static constexpr bool kDqDeferred = kDqSplitN && Pingpong;
+    static constexpr int kDSBuffers = kDqDeferred ? 3 : (kDqSplitN ? 2 : 1);
     static constexpr int kPBuffers = kWide ? 2 : 0;
 
     // dQ by TMA reductions (d64 / d128; bwd_sm90_host.h bwd_sm90_dq_by_tma): each consumer
@@ -129,11 +148,15 @@ struct BwdSm90Traits {
     static_assert(kWide ? BlockN == 64 : BlockN == 64 * kConsumerWarpgroups,
                   "64 keys per consumer warpgroup; wide: 64 keys shared by both");
     static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA's shared memory");
+    static_assert(!Pingpong || !kWide, "the wide kernel has no pingpong");
 };
 
+// Traits: the default kernel (pingpong at d64 / d128); OrderedTraits: deterministic=True's
+// (dQ split by columns at d128, whose turns need one reduction per element and CTA).
 template <int HeadDim>
 struct BwdSm90Config {
-    using Traits = BwdSm90Traits<HeadDim>;
+    using Traits = BwdSm90Traits<HeadDim, HeadDim <= 128>;
+    using OrderedTraits = BwdSm90Traits<HeadDim, false>;
 };
 
 // Shared-memory addresses of the CTA's tiles and barriers.
@@ -502,7 +525,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kStages = Traits::kStages;
-    constexpr int kSlabs = Traits::kSlabs;
     constexpr int kDqBuffers = Traits::kDqBuffers;
     using PTile = typename Traits::PTile;
     static_assert(!Traits::kWide, "d256: mha_bwd_sm90_wide_kernel");
@@ -548,6 +570,73 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto& s_frag = *reinterpret_cast<float(*)[1][kBlockM / 8][4]>(&acc_s);
     auto& dp_frag = *reinterpret_cast<float(*)[1][kBlockM / 8][4]>(&acc_dp);
 
+    // Pingpong: each warpgroup issues its two GEMM batches of a query block (S^T and dP^T; dV,
+    // dK and a dQ) between bar.sync on its barrier (5 + c) and bar.arrive on the other's, so the
+    // batches go in turn, warpgroup 0 first (warpgroup 1's arrival before the loop). A
+    // warpgroup's arrivals on a barrier alternate with its syncs on the other one, so no warp
+    // arrives twice in one phase; warpgroup 0's one more sync after the loop takes warpgroup 1's
+    // last arrival. The ids are constants (a register id costs a register).
+    auto my_turn = [&] {
+        if constexpr (Traits::kPingpong) {
+            if (c == 0) {
+                ptx90::named_barrier_sync(5, Traits::kConsumerThreads);
+            } else {
+                ptx90::named_barrier_sync(6, Traits::kConsumerThreads);
+            }
+        }
+    };
+    auto their_turn = [&] {
+        if constexpr (Traits::kPingpong) {
+            if (c == 0) {
+                ptx90::named_barrier_arrive(6, Traits::kConsumerThreads);
+            } else {
+                ptx90::named_barrier_arrive(5, Traits::kConsumerThreads);
+            }
+        }
+    };
+    if constexpr (Traits::kPingpong) {
+        if (c == 1) ptx90::named_barrier_arrive(5, Traits::kConsumerThreads);
+    }
+    // The warpgroup's barrier (3 or 4), its id a constant.
+    auto warpgroup_sync = [&] {
+        if (c == 0) {
+            ptx90::named_barrier_sync(3, 128);
+        } else {
+            ptx90::named_barrier_sync(4, 128);
+        }
+    };
+    // dS^T buffer of the it-th query block.
+    auto ds_buffer = [&](int it) {
+        return smem.ds(Traits::kDSBuffers > 1 ? it % Traits::kDSBuffers : 0);
+    };
+    // dQ split by columns: slab c of the it-th query block over all kBlockN keys.
+    auto issue_dq_split = [&](float (&acc_dq)[32], int it) {
+        issue_dq_slab<Element, kBlockN / 16>(
+            acc_dq, ds_buffer(it), smem.k() + ptx::opaque(0u) + c * Traits::kKVSlabBytes);
+    };
+    // acc_dq (landed) of the query block at m0 -> `buffer`, then one thread of the warpgroup
+    // issues the two boxes' reductions. Two buffers (d64): the reductions of the previous
+    // block, into the other buffer, have read it before the barrier below, so the next block
+    // may write it (one buffer: the caller has waited). `complete` (deterministic): this
+    // block's reductions are complete (and ordered before the turn's release) on return.
+    auto reduce_dq = [&](const float (&acc_dq)[32], uint32_t buffer, int m0, bool complete) {
+        stage_dq_slab<Traits::kDqBoxBytes>(acc_dq, buffer, t);
+        ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
+        if (kDqBuffers > 1 && t == 0) ptx90::bulk_wait_group_read<0>();
+        warpgroup_sync();
+        if (t == 0) {
+            const int row = dq_row0 + m0;
+            ptx90::tma_reduce_add_2d(&dq_map, buffer, 64 * dq_slab, row);
+            ptx90::tma_reduce_add_2d(&dq_map, buffer + Traits::kDqBoxBytes, 64 * dq_slab + 32,
+                                     row);
+            ptx90::bulk_commit_group();
+            if (complete) {
+                ptx90::bulk_wait_group<0>();
+                ptx90::fence_proxy_async_global();
+            }
+        }
+    };
+
     wait_phase(smem.full_kv(), 0);
     for (int it = 0; it < n_iters; ++it) {
         const int stage = it % kStages;
@@ -558,8 +647,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const uint32_t rows_offset = ptx::opaque(static_cast<uint32_t>(64 * c * 128));
         const uint32_t k_rows = smem.k() + rows_offset;
         const uint32_t v_rows = smem.v() + rows_offset;
-        const uint32_t ds_buffer = smem.ds(Traits::kDSBuffers > 1 ? it % 2 : 0);
-        const uint32_t ds_rows = ds_buffer + rows_offset;
+        const uint32_t ds_rows = ds_buffer(it) + rows_offset;
         wait_phase(smem.full_q(stage), (it / kStages) & 1);
 
         // S^T = K Q^T and dP^T = V dO^T: k16 step ks reads 32 bytes into the rows of slab ks / 4.
@@ -579,8 +667,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             ptx90::wgmma_commit();
         };
+        my_turn();
         ss_gemm(acc_s, k_rows, smem.q(stage));
         ss_gemm(acc_dp, v_rows, smem.d_o(stage));
+        their_turn();
 
         // P^T while dP^T accumulates, then dS^T.
         ptx90::wgmma_wait<1>();
@@ -601,76 +691,90 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_proxy_async_shared();  // the st.shared above, read by the dQ wgmma below
 
         // dV += P^T dO, dK += dS^T Q: B MN-major (rows = queries), k16 step = 16 query rows =
-        // 2048 bytes, the 64-column slabs kQSlabBytes apart.
-        ptx90::fence_operand(acc_dv);
-        ptx90::fence_operand(acc_dk);
-        ptx90::fence_operand(p_frag);
-        ptx90::fence_operand(ds_frag);
-        ptx90::wgmma_fence();
-        // acc += frag (16 keys x 64 queries, A fragments) * the stage's tile `rows` (dO or Q).
-        auto rs_gemm = [&](float (&acc)[kHeadDim / 2], const uint32_t (&frag)[kBlockM / 16][4],
-                           uint32_t rows) {
+        // 2048 bytes, the 64-column slabs kQSlabBytes apart. One group.
+        auto issue_dv_dk = [&] {
+            ptx90::fence_operand(acc_dv);
+            ptx90::fence_operand(acc_dk);
+            ptx90::fence_operand(p_frag);
+            ptx90::fence_operand(ds_frag);
+            ptx90::wgmma_fence();
+            // acc += frag (16 keys x 64 queries, A fragments) * the stage's tile `rows`.
+            auto rs_gemm = [&](float (&acc)[kHeadDim / 2],
+                               const uint32_t (&frag)[kBlockM / 16][4], uint32_t rows) {
 #pragma unroll
-            for (int kk = 0; kk < kBlockM / 16; ++kk) {
-                ptx90::wgmma_rs<kHeadDim, Element, true>(
-                    acc, frag[kk],
-                    ptx90::make_smem_desc_sw128(rows + 2048 * kk, Traits::kQSlabBytes), true);
-            }
+                for (int kk = 0; kk < kBlockM / 16; ++kk) {
+                    ptx90::wgmma_rs<kHeadDim, Element, true>(
+                        acc, frag[kk],
+                        ptx90::make_smem_desc_sw128(rows + 2048 * kk, Traits::kQSlabBytes), true);
+                }
+            };
+            rs_gemm(acc_dv, p_frag[0], smem.d_o(stage));
+            rs_gemm(acc_dk, ds_frag[0], smem.q(stage));
+            ptx90::wgmma_commit();
         };
-        rs_gemm(acc_dv, p_frag[0], smem.d_o(stage));
-        rs_gemm(acc_dk, ds_frag[0], smem.q(stage));
-        ptx90::wgmma_commit();
+        auto dv_dk_landed = [&] {
+            ptx90::fence_operand(acc_dv);
+            ptx90::fence_operand(acc_dk);
+            ptx90::fence_operand(p_frag);
+            ptx90::fence_operand(ds_frag);
+            ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
+        };
 
-        // dQ = dS K, 64 columns (32 accumulators beside dK and dV), issued behind dV and dK.
-        // Split by columns (d128): both warpgroups' dS^T rows must be written (and fenced for
-        // the async proxy): slab c over all kBlockN keys. Else (d64, one slab) this warpgroup's
-        // own 64 keys.
+        // dQ = dS K, 64 columns (32 accumulators beside dK and dV). Split by columns (d128):
+        // slab c over all kBlockN keys, both warpgroups' dS^T rows (written and fenced for the
+        // async proxy); else (d64) this warpgroup's own 64 keys.
         float acc_dq[32];
         const uint32_t dq_buffer = smem.dq(c, kDqBuffers > 1 ? it % kDqBuffers : 0);
-        if constexpr (Traits::kDqSplitN) {
-            // One staged-dQ buffer: its previous reductions have read it before this barrier.
-            if (kDqBuffers == 1 && t == 0) ptx90::bulk_wait_group_read<0>();
-            ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
-            issue_dq_slab<Element, kBlockN / 16>(
-                acc_dq, ds_buffer, smem.k() + ptx::opaque(0u) + c * Traits::kKVSlabBytes);
+        if constexpr (Traits::kDqDeferred) {
+            // The previous block's dQ (its dS^T rows of both warpgroups written: the other's
+            // turn has passed since), then dV and dK; the staged-dQ buffer's last reductions
+            // have read it once this turn is passed.
+            if (t == 0) ptx90::bulk_wait_group_read<0>();
+            my_turn();
+            issue_dq_split(acc_dq, it + Traits::kDSBuffers - 1);  // block -1 (it = 0): not added
+            issue_dv_dk();
+            their_turn();
+            ptx90::wgmma_wait<1>();
+            ptx90::fence_operand(acc_dq);
+            if (it > 0) reduce_dq(acc_dq, dq_buffer, m0 - kBlockM, false);  // under dV and dK
+            ptx90::wgmma_wait<0>();
+            dv_dk_landed();
         } else {
-            static_assert(kSlabs == 1, "one dQ slab per warpgroup when dQ is not split");
-            issue_dq_slab<Element, 64 / 16>(acc_dq, ds_rows, k_rows);
-        }
-        ptx90::wgmma_wait<1>();  // dV and dK have landed
-        ptx90::fence_operand(acc_dv);
-        ptx90::fence_operand(acc_dk);
-        ptx90::fence_operand(p_frag);
-        ptx90::fence_operand(ds_frag);
-        ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
-        if (ordered) turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
-        ptx90::wgmma_wait<0>();
-        ptx90::fence_operand(acc_dq);
-        // Staged, then one thread of the warpgroup issues the two boxes' reductions. Two
-        // buffers (d64): the reductions of the previous block, into the other buffer, have read
-        // it before the barrier below, so the next block may write it. Deterministic: this
-        // block's reductions are complete (and ordered before the turn's release) first.
-        stage_dq_slab<Traits::kDqBoxBytes>(acc_dq, dq_buffer, t);
-        ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
-        if (kDqBuffers > 1 && t == 0) ptx90::bulk_wait_group_read<0>();
-        // The warpgroup's barrier (3 or 4), its id a constant (a register id costs a register).
-        if (c == 0) {
-            ptx90::named_barrier_sync(3, 128);
-        } else {
-            ptx90::named_barrier_sync(4, 128);
-        }
-        if (t == 0) {
-            const int row = dq_row0 + m0;
-            ptx90::tma_reduce_add_2d(&dq_map, dq_buffer, 64 * dq_slab, row);
-            ptx90::tma_reduce_add_2d(&dq_map, dq_buffer + Traits::kDqBoxBytes, 64 * dq_slab + 32,
-                                     row);
-            ptx90::bulk_commit_group();
-            if (ordered) {
-                ptx90::bulk_wait_group<0>();
-                ptx90::fence_proxy_async_global();
+            my_turn();
+            issue_dv_dk();
+            if constexpr (Traits::kDqSplitN) {  // ordered (deterministic)
+                // One staged-dQ buffer: its previous reductions have read it before this barrier.
+                if (t == 0) ptx90::bulk_wait_group_read<0>();
+                ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
+                issue_dq_split(acc_dq, it);
+            } else {
+                issue_dq_slab<Element, 64 / 16>(acc_dq, ds_rows, k_rows);
             }
+            their_turn();
+            ptx90::wgmma_wait<1>();  // dV and dK have landed
+            dv_dk_landed();
+            if (ordered) {
+                turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
+            }
+            ptx90::wgmma_wait<0>();
+            ptx90::fence_operand(acc_dq);
+            reduce_dq(acc_dq, dq_buffer, m0, ordered);
+            if (ordered) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
         }
-        if (ordered) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
+    }
+    if constexpr (Traits::kPingpong) {
+        if (c == 0) my_turn();  // warpgroup 1's last arrival
+    }
+    if constexpr (Traits::kDqDeferred) {  // the last block's dQ (its dS^T written: the turns)
+        if (n_iters > 0) {
+            float acc_dq[32];
+            issue_dq_split(acc_dq, n_iters - 1);
+            if (t == 0) ptx90::bulk_wait_group_read<0>();
+            warpgroup_sync();  // the staged-dQ buffer has been read
+            ptx90::wgmma_wait<0>();
+            ptx90::fence_operand(acc_dq);
+            reduce_dq(acc_dq, smem.dq(c, 0), (blocks.min + n_iters - 1) * kBlockM, false);
+        }
     }
     // The staged dQ must outlive its reductions' reads.
     if (t == 0) ptx90::bulk_wait_group<0>();

@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/launch.h"
 #include "kernels/params.h"
@@ -44,10 +45,20 @@ void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream) {
                                  "(CUresult " + std::to_string(r) + ")");
     }
     sm80::launch_bwd_preprocess<Element>(params, stream);
-    if (params.alibi_slopes_ptr != nullptr) {
-        sm90::launch_bwd_sm90_kernel<Element, Traits, Causal, true>(params, maps, stream);
+    // deterministic=True: the kernel whose dQ additions take turns (the same tiles).
+    using OrderedTraits = typename sm90::BwdSm90Config<HeadDim>::OrderedTraits;
+    auto launch = [&](auto traits) {
+        using T = typename decltype(traits)::type;
+        if (params.alibi_slopes_ptr != nullptr) {
+            sm90::launch_bwd_sm90_kernel<Element, T, Causal, true>(params, maps, stream);
+        } else {
+            sm90::launch_bwd_sm90_kernel<Element, T, Causal, false>(params, maps, stream);
+        }
+    };
+    if (params.deterministic && !std::is_same_v<Traits, OrderedTraits>) {
+        launch(std::type_identity<OrderedTraits>{});
     } else {
-        sm90::launch_bwd_sm90_kernel<Element, Traits, Causal, false>(params, maps, stream);
+        launch(std::type_identity<Traits>{});
     }
     sm80::launch_bwd_postprocess<Element, HeadDim>(params, stream);
 }
