@@ -60,6 +60,22 @@ CASES = [
 def test_bwd_emulated_sm90(args, kwargs):
     ok, msg = check_bwd.check(*args, sm90=True, **kwargs)
     assert "sm90 backward" in bwd_driver.LAST_STDOUT, "the sm90 backward kernel did not run"
+    # pingpong at d64 / d128 unless deterministic (d128: the ordered kernel); d256 never
+    pingpong = args[1] <= 128 and not kwargs.get("deterministic", False)
+    assert ("sm90 backward, pingpong" in bwd_driver.LAST_STDOUT) == pingpong, bwd_driver.LAST_STDOUT
+    assert ok, msg
+
+
+@pytest.mark.parametrize("args", [(F16, 64, 113, 203, True, (-1, -1), 2, 1),
+                                  (BF16, 128, 300, 600, False, (40, 7), 2, 2)],
+                         ids=lambda x: str(x))
+def test_bwd_emulated_without_pingpong_sm90(args, monkeypatch):
+    """FLASH_CUDA_SM90_BWD_PINGPONG=0: the kernels without pingpong (at d128 deterministic=True's,
+    dQ right behind dV / dK with a barrier between the warpgroups) on calls that are not
+    deterministic."""
+    monkeypatch.setenv("FLASH_CUDA_SM90_BWD_PINGPONG", "0")
+    ok, msg = check_bwd.check(*args, sm90=True)
+    assert "sm90 backward\n" in bwd_driver.LAST_STDOUT, "the kernel without pingpong did not run"
     assert ok, msg
 
 

@@ -72,6 +72,15 @@ def test_varlen_bwd_sm90(d, feature, dtype, ratio):
     base.run_varlen_case(dtype, d, feature, ratio, seed=d * 10 + base.FEATURES.index(feature))
 
 
+# The kernels without pingpong (deterministic=True's at d128; at d64 the one the launcher keeps
+# for that switch) on calls that are not deterministic: FLASH_CUDA_SM90_BWD_PINGPONG=0.
+@pytest.mark.parametrize("d,mask,ratio", [(64, "causal", 4), (128, "plain", 1),
+                                          (128, "window", 4)])
+def test_bwd_without_pingpong_sm90(d, mask, ratio, monkeypatch):
+    monkeypatch.setenv("FLASH_CUDA_SM90_BWD_PINGPONG", "0")
+    base.run_case(torch.bfloat16, d, 113, 203, mask, ratio)
+
+
 # deterministic=True at d128 / d256: the CTAs' dQ additions ordered by semaphores (DqTurns).
 @pytest.mark.parametrize("d,feature", [(128, "causal"), (128, "window"), (256, "plain"),
                                        (256, "alibi")])

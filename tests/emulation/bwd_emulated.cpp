@@ -119,7 +119,7 @@ void run_sm90_kernel(BwdParams& params) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
         std::exit(2);
     }
-    std::printf("emulator: sm90 backward\n");
+    std::printf("emulator: sm90 backward%s\n", Traits::kPingpong ? ", pingpong" : "");
     // Deterministic, as the host does for this kernel: one dq_accum slice, the semaphores zeroed.
     GuardedBuffer semaphores(
         params.deterministic ? 4 * params.b * params.h * (params.seqlen_q_rounded / 64) : 4, 0);
@@ -182,7 +182,8 @@ bool run_sm90(BwdParams& params) {
     const char* want = std::getenv("EMU_SM90");
     if (want == nullptr || std::string(want) != "1" || !s90::bwd_supports(params)) return false;
     using Config = s90::BwdSm90Config<EMU_HEAD_DIM>;
-    if (params.deterministic) {
+    const char* pingpong = std::getenv("FLASH_CUDA_SM90_BWD_PINGPONG");
+    if (params.deterministic || (pingpong != nullptr && std::string(pingpong) == "0")) {
         run_sm90_kernel<Element, typename Config::OrderedTraits, Causal, HasAlibi>(params);
     } else {
         run_sm90_kernel<Element, typename Config::Traits, Causal, HasAlibi>(params);

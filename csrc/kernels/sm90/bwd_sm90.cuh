@@ -29,8 +29,8 @@
 //              d128: warpgroup c takes columns 64 c.. over all 128 keys, one reduction per
 //              element; d64: each warpgroup its own 64 keys over all columns, two reductions
 //              per element.
-//     Pingpong (the default kernels; bench/NOTES.md session 35: fwd+bwd 1.06-1.10x at d64,
-//     1.03-1.07x at d128): the S^T / dP^T batch and the dV / dK / dQ batch of each warpgroup
+//     Pingpong (the default kernels; bench/NOTES.md session 35: fwd+bwd 1.04-1.10x at d64,
+//     1.02-1.07x at d128): the S^T / dP^T batch and the dV / dK / dQ batch of each warpgroup
 //     are issued in turn with the other's (named barriers 5 and 6). At d128 the dQ of a query
 //     block needs the other warpgroup's dS^T of it, written in its softmax step, which the turns
 //     put under this warpgroup's GEMMs; so the dQ GEMM of block m is issued in the batch of
