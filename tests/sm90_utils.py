@@ -5,6 +5,7 @@ kernels would otherwise pass)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 
 import pytest
@@ -32,6 +33,9 @@ def skip_unbuilt_head_dim(request) -> None:
 # kernel name, demangled or mangled.
 _FWD_TRAITS = re.compile(r"FwdSm90Traits<\d+, (\d+), \d+, (true|false), (true|false)>|"
                          r"FwdSm90TraitsILi\d+ELi(\d+)ELi\d+ELb([01])ELb([01])E")
+# The head dim and the pingpong flag of the sm90 backward's traits (kernels/sm90/bwd_sm90.cuh
+# BwdSm90Traits<HeadDim, Pingpong, BlockM, BlockN>), demangled or mangled.
+_BWD_TRAITS = re.compile(r"BwdSm90Traits<(\d+), (true|false)|BwdSm90TraitsILi(\d+)ELb([01])")
 
 
 @contextlib.contextmanager
@@ -41,7 +45,9 @@ def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_blo
     kernel whose name contains `kernel_name` must have been launched in it. With mode "pingpong"
     every sm90 forward kernel launched must be the pingpong variant, with "1" none may be; with
     fwd_key_block, every one must have key blocks of that many rows; with fwd_staged_o (a bool),
-    every one must (not) store O through shared memory and the TMA."""
+    every one must (not) store O through shared memory and the TMA. Every sm90 backward kernel
+    launched must be without pingpong where FLASH_CUDA_SM90_BWD_PINGPONG=0 (read at the end of the
+    block) or the head dim is 256."""
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setenv("FLASH_CUDA_SM90", mode)
@@ -64,3 +70,14 @@ def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_blo
         staged_o = match.group(3) == "true" or match.group(6) == "1"
         assert fwd_staged_o in (None, staged_o), \
             f"O {'not ' if fwd_staged_o else ''}through shared memory expected, got {name!r}"
+    no_bwd_pingpong = os.environ.get("FLASH_CUDA_SM90_BWD_PINGPONG") == "0"
+    for name in names:
+        if "mha_bwd_sm90_kernel" not in name:
+            continue
+        match = _BWD_TRAITS.search(name)
+        assert match, f"no BwdSm90Traits in the kernel name {name!r}"
+        head_dim = int(match.group(1) or match.group(3))
+        pingpong = match.group(2) == "true" or match.group(4) == "1"
+        assert not (pingpong and (no_bwd_pingpong or head_dim > 128)), \
+            f"FLASH_CUDA_SM90_BWD_PINGPONG={os.environ.get('FLASH_CUDA_SM90_BWD_PINGPONG')} " \
+            f"launched {name!r}"
