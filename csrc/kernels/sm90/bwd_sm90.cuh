@@ -100,8 +100,9 @@ struct BwdSm90Traits {
     // Split by columns with pingpong (d128): a warpgroup's dQ GEMM of query block m waits for
     // the other's dS^T of m, written in the other's softmax step, which runs under this one's
     // GEMMs; so the dQ GEMM of block m is issued with block m + 1's dV and dK, when the turns
-    // say the other's dS^T of m is written. Three dS^T buffers: the other warpgroup may still
-    // read block m - 2's while this one writes block m + 1's.
+    // say the other's dS^T of m is written. Three dS^T buffers: while one warpgroup writes
+    // block m + 1's, the other's dQ GEMM of block m - 1 (in its batch of block m) may still read
+    // block m - 1's.
     static constexpr bool kDqDeferred = kDqSplitN && Pingpong;
     static constexpr int kDSBuffers = kDqDeferred ? 3 : (kDqSplitN ? 2 : 1);
     static constexpr int kPBuffers = kWide ? 2 : 0;
@@ -726,12 +727,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         float acc_dq[32];
         const uint32_t dq_buffer = smem.dq(c, kDqBuffers > 1 ? it % kDqBuffers : 0);
         if constexpr (Traits::kDqDeferred) {
-            // The previous block's dQ (its dS^T rows of both warpgroups written: the other's
-            // turn has passed since), then dV and dK; the staged-dQ buffer's last reductions
-            // have read it once this turn is passed.
+            // The dQ GEMM of block it - 1 (both warpgroups' dS^T rows of it are written: see
+            // kDqDeferred), then dV and dK. At it = 0 it reads whatever the last dS^T buffer
+            // holds and its result is dropped (issued anyway: the wgmma under a branch made
+            // ptxas serialise the kernel's wgmma). The staged-dQ buffer's last reductions have
+            // read it once this turn is passed.
             if (t == 0) ptx90::bulk_wait_group_read<0>();
             my_turn();
-            issue_dq_split(acc_dq, it + Traits::kDSBuffers - 1);  // block -1 (it = 0): not added
+            issue_dq_split(acc_dq, it + Traits::kDSBuffers - 1);  // (it - 1) mod kDSBuffers
             issue_dv_dk();
             their_turn();
             ptx90::wgmma_wait<1>();
