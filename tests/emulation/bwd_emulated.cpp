@@ -22,7 +22,6 @@ inline float atomicAdd(float* address, float value) {
     return std::atomic_ref<float>(*address).fetch_add(value);
 }
 
-#include "kernels/env_switch.h"
 #include "kernels/sm80/bwd.cuh"
 #include "kernels/sm80/bwd_v2.cuh"
 #include "kernels/sm80/bwd_tune_configs.h"
@@ -110,8 +109,8 @@ void run_tile(BwdParams& params) {
 }
 
 #if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
-// The kernel of Traits (bwd_sm90_launch.cuh's choice: OrderedTraits when deterministic or
-// FLASH_CUDA_SM90_BWD_PINGPONG=0).
+// The kernel of Traits (bwd_sm90_launch.cuh's choice: OrderedTraits where
+// bwd_sm90_ordered_kernel says).
 template <typename Element, typename Traits, bool Causal, bool HasAlibi>
 void run_sm90_kernel(BwdParams& params) {
     namespace s90 = flash_cuda::sm90;
@@ -184,8 +183,7 @@ bool run_sm90(BwdParams& params) {
     const char* want = std::getenv("EMU_SM90");
     if (want == nullptr || std::string(want) != "1" || !s90::bwd_supports(params)) return false;
     using Config = s90::BwdSm90Config<EMU_HEAD_DIM>;
-    if (params.deterministic ||
-        flash_cuda::env_choice("FLASH_CUDA_SM90_BWD_PINGPONG") == flash_cuda::EnvChoice::kOff) {
+    if (s90::bwd_sm90_ordered_kernel(params)) {
         run_sm90_kernel<Element, typename Config::OrderedTraits, Causal, HasAlibi>(params);
     } else {
         run_sm90_kernel<Element, typename Config::Traits, Causal, HasAlibi>(params);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/env_switch.h"
 #include "kernels/params.h"
 #include "kernels/sm90/fwd_sm90_host.h"
 
@@ -31,6 +32,13 @@ inline bool bwd_supports(const BwdParams& p) {
 struct BwdTensorMaps : FwdTensorMaps {
     CUtensorMap d_o, dq_accum;
 };
+
+// Whether the call runs the main kernel without pingpong (BwdSm90Config's OrderedTraits; the
+// same kernel as Traits at d256): deterministic=True, whose dQ turns need it, or
+// FLASH_CUDA_SM90_BWD_PINGPONG=0 (an A/B switch; read per call).
+inline bool bwd_sm90_ordered_kernel(const BwdParams& p) {
+    return p.deterministic || env_choice("FLASH_CUDA_SM90_BWD_PINGPONG") == EnvChoice::kOff;
+}
 
 // Whether the main kernel adds its dQ to dq_accum by TMA reductions from shared memory
 // (bwd_sm90.cuh kDqByTma: head dims 64 and 128) rather than by red.global from the registers

@@ -9,7 +9,6 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/env_switch.h"
 #include "kernels/launch.h"
 #include "kernels/params.h"
 #include "kernels/sm80/bwd_steps.cuh"
@@ -46,11 +45,8 @@ void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream) {
                                  "(CUresult " + std::to_string(r) + ")");
     }
     sm80::launch_bwd_preprocess<Element>(params, stream);
-    // deterministic=True: the kernel whose dQ additions take turns (the same tiles), which
-    // FLASH_CUDA_SM90_BWD_PINGPONG=0 also picks for the other calls (an A/B switch).
+    // The kernel without pingpong (the same tiles) where bwd_sm90_ordered_kernel says.
     using OrderedTraits = typename sm90::BwdSm90Config<HeadDim>::OrderedTraits;
-    const bool ordered_kernel =
-        params.deterministic || env_choice("FLASH_CUDA_SM90_BWD_PINGPONG") == EnvChoice::kOff;
     auto launch = [&](auto traits) {
         using T = typename decltype(traits)::type;
         if (params.alibi_slopes_ptr != nullptr) {
@@ -59,7 +55,7 @@ void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream) {
             sm90::launch_bwd_sm90_kernel<Element, T, Causal, false>(params, maps, stream);
         }
     };
-    if (ordered_kernel && !std::is_same_v<Traits, OrderedTraits>) {
+    if (sm90::bwd_sm90_ordered_kernel(params) && !std::is_same_v<Traits, OrderedTraits>) {
         launch(std::type_identity<OrderedTraits>{});
     } else {
         launch(std::type_identity<Traits>{});
