@@ -115,6 +115,12 @@ __device__ __forceinline__ int opaque(int x) {
     return x;
 }
 
+// Lane 0's x, in every lane (shfl.sync.idx; the warp converged): for a value the same across the
+// warp anyway (a warpgroup index, a pipeline stage) that ptxas cannot prove so. From it ptxas
+// derives shared addresses and wgmma descriptors in uniform registers (one uniform add per
+// descriptor) instead of building them per lane and moving each to a uniform register (R2UR).
+__device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+
 // mad.wide.u32: a * b + c with a 64-bit result, one IMAD.WIDE.U32 (C++'s uint64 arithmetic on
 // the same operands gets extra adds of a zero high word from ptxas).
 __device__ __forceinline__ uint64_t mad_wide_u32(uint32_t a, uint32_t b, uint64_t c) {

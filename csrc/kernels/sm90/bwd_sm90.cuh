@@ -408,11 +408,13 @@ __device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[32], uint32_t a_ro
                                               uint32_t b_rows) {
     ptx90::fence_operand(acc_dq);
     ptx90::wgmma_fence();
+    const uint64_t desc_a = ptx90::make_smem_desc_sw128(a_rows);
+    const uint64_t desc_b = ptx90::make_smem_desc_sw128(b_rows);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
         ptx90::wgmma_ss<64, Element, true, true>(acc_dq,
-                                                 ptx90::make_smem_desc_sw128(a_rows + 2048 * kk),
-                                                 ptx90::make_smem_desc_sw128(b_rows + 2048 * kk),
+                                                 ptx90::smem_desc_advance(desc_a, 2048 * kk),
+                                                 ptx90::smem_desc_advance(desc_b, 2048 * kk),
                                                  kk > 0);
     }
     ptx90::wgmma_commit();
@@ -548,7 +550,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // ---- Consumers: warpgroup 1 + c owns keys 64 c .. 64 c + 63 of the block.
     ptx90::setmaxnreg_inc<240>();
-    const int c = warpgroup - 1;
+    const int c = ptx::warp_uniform(warpgroup - 1);
     const int t = tid % 128;
     const int lane = t % 32;
     const int key_row0 = 64 * c + 16 * (t / 32);  // the warp's first key in the block
@@ -613,7 +615,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // dQ split by columns: slab c of the it-th query block over all kBlockN keys.
     auto issue_dq_split = [&](float (&acc_dq)[32], int it) {
         issue_dq_slab<Element, kBlockN / 16>(
-            acc_dq, ds_buffer(it), smem.k() + ptx::opaque(0u) + c * Traits::kKVSlabBytes);
+            acc_dq, ds_buffer(it), smem.k() + c * Traits::kKVSlabBytes);
     };
     // acc_dq (landed) of the query block at m0 -> `buffer`, then one thread of the warpgroup
     // issues the two boxes' reductions. Two buffers (d64): the reductions of the previous
@@ -639,13 +641,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
 
     wait_phase(smem.full_kv(), 0);
-    for (int it = 0; it < n_iters; ++it) {
+    for (int it_lane = 0; it_lane < n_iters; ++it_lane) {
+        // Warp-uniform, as c: the shared addresses and wgmma descriptors below (the stage's,
+        // the dS^T buffer's) are then built in uniform registers, one uniform add per wgmma.
+        // Built per lane, each took about six instructions and an R2UR, 28 bytes spilled at
+        // d128 (bench/NOTES.md session 36).
+        const int it = ptx::warp_uniform(it_lane);
         const int stage = it % kStages;
         const int m0 = (blocks.min + it) * kBlockM;
-        // This warpgroup's 64 key rows in each K / V slab and in dS^T. Opaque, so that the
-        // wgmma descriptors derived from them are rebuilt here rather than hoisted out of the
-        // loop (28 loop-invariant 64-bit descriptors spilled 108 bytes at d128).
-        const uint32_t rows_offset = ptx::opaque(static_cast<uint32_t>(64 * c * 128));
+        // This warpgroup's 64 key rows in each K / V slab and in dS^T.
+        const uint32_t rows_offset = static_cast<uint32_t>(64 * c * 128);
         const uint32_t k_rows = smem.k() + rows_offset;
         const uint32_t v_rows = smem.v() + rows_offset;
         const uint32_t ds_rows = ds_buffer(it) + rows_offset;
@@ -657,13 +662,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::wgmma_fence();
         // acc = A rows (this warpgroup's 64 keys of K or V) * B tile^T (Q or dO), one group.
         auto ss_gemm = [&](float (&acc)[kBlockM / 2], uint32_t a_rows, uint32_t b_tile) {
+            const uint64_t desc_a = ptx90::make_smem_desc_sw128(a_rows);
+            const uint64_t desc_b = ptx90::make_smem_desc_sw128(b_tile);
 #pragma unroll
             for (int ks = 0; ks < kHeadDim / 16; ++ks) {
                 const uint32_t a_offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
                 const uint32_t b_offset = (ks / 4) * Traits::kQSlabBytes + 32 * (ks % 4);
-                ptx90::wgmma_ss<kBlockM, Element>(acc,
-                                                  ptx90::make_smem_desc_sw128(a_rows + a_offset),
-                                                  ptx90::make_smem_desc_sw128(b_tile + b_offset),
+                ptx90::wgmma_ss<kBlockM, Element>(acc, ptx90::smem_desc_advance(desc_a, a_offset),
+                                                  ptx90::smem_desc_advance(desc_b, b_offset),
                                                   ks > 0);
             }
             ptx90::wgmma_commit();
@@ -702,11 +708,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // acc += frag (16 keys x 64 queries, A fragments) * the stage's tile `rows`.
             auto rs_gemm = [&](float (&acc)[kHeadDim / 2],
                                const uint32_t (&frag)[kBlockM / 16][4], uint32_t rows) {
+                const uint64_t desc = ptx90::make_smem_desc_sw128(rows, Traits::kQSlabBytes);
 #pragma unroll
                 for (int kk = 0; kk < kBlockM / 16; ++kk) {
                     ptx90::wgmma_rs<kHeadDim, Element, true>(
-                        acc, frag[kk],
-                        ptx90::make_smem_desc_sw128(rows + 2048 * kk, Traits::kQSlabBytes), true);
+                        acc, frag[kk], ptx90::smem_desc_advance(desc, 2048 * kk), true);
                 }
             };
             rs_gemm(acc_dv, p_frag[0], smem.d_o(stage));

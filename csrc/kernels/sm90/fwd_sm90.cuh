@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // ---- Consumers: warpgroup 1 + c owns tile rows 64 c .. 64 c + 63.
     ptx90::setmaxnreg_inc<240>();
-    const int c = warpgroup - 1;
+    const int c = ptx::warp_uniform(warpgroup - 1);  // uniform: so are the Q descriptors
     const int t = tid % 128;
     const int lane = t % 32;
     const int warp_row0 = 64 * c + 16 * (t / 32);  // the warp's first row in the tile
@@ -536,19 +536,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // operands: k16 step ks reads 32 bytes into every 128-byte row of slab ks / 4.
         auto issue_qk = [&](int it) {
             const uint32_t k_tile = smem.k + stage_of(it) * Traits::kKVTileBytes;
-            // Opaque: the Q descriptors are rebuilt per block, not hoisted out of the loop into
-            // registers (at d256 they would take 32 of them).
-            const uint32_t q_base = ptx::opaque(q_rows);
+            // Opaque: the Q descriptors are rebuilt per block, not hoisted out of the loop (at
+            // d256 they would take 16 registers); warp-uniform, so rebuilt in uniform registers.
+            const uint64_t desc_q =
+                ptx90::make_smem_desc_sw128(ptx::warp_uniform(ptx::opaque(q_rows)));
+            const uint64_t desc_k = ptx90::make_smem_desc_sw128(k_tile);
             ptx90::fence_operand(acc_s);
             ptx90::wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
                 const uint32_t offset = 32 * (ks % 4);
-                const uint64_t desc_q =
-                    ptx90::make_smem_desc_sw128(q_base + (ks / 4) * Traits::kQSlabBytes + offset);
-                const uint64_t desc_k = ptx90::make_smem_desc_sw128(
-                    k_tile + (ks / 4) * Traits::kKVSlabBytes + offset);
-                ptx90::wgmma_ss<kBlockN, Element>(acc_s, desc_q, desc_k, ks > 0);
+                ptx90::wgmma_ss<kBlockN, Element>(
+                    acc_s,
+                    ptx90::smem_desc_advance(desc_q, (ks / 4) * Traits::kQSlabBytes + offset),
+                    ptx90::smem_desc_advance(desc_k, (ks / 4) * Traits::kKVSlabBytes + offset),
+                    ks > 0);
             }
             ptx90::wgmma_commit();
         };
@@ -561,12 +563,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if constexpr (kRowSumsOnTensorCores) ptx90::fence_operand(acc_l);
             ptx90::fence_operand(p_frag);
             ptx90::wgmma_fence();
+            const uint64_t desc_v = ptx90::make_smem_desc_sw128(v_tile, Traits::kKVSlabBytes);
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk) {
-                const uint64_t desc_v =
-                    ptx90::make_smem_desc_sw128(v_tile + 2048 * kk, Traits::kKVSlabBytes);
-                ptx90::wgmma_rs<Traits::kHeadDim, Element, true>(acc_o, p_frag[0][kk], desc_v,
-                                                                 true);
+                ptx90::wgmma_rs<Traits::kHeadDim, Element, true>(
+                    acc_o, p_frag[0][kk], ptx90::smem_desc_advance(desc_v, 2048 * kk), true);
                 if constexpr (kRowSumsOnTensorCores) {
                     ptx90::wgmma_rs<8, Element, false>(acc_l, p_frag[0][kk], desc_ones, true);
                 }
@@ -620,7 +621,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if constexpr (kRowSumsOnTensorCores) ptx90::fence_operand(acc_l);
             ptx90::fence_operand(p_frag);
             if (it > 0) ptx90::mbarrier_arrive(smem.empty_v(stage_of(it - 1)));
-            OnlineSoftmax<1>::rescale(o_frag, o_scale);
+            // Where O is rescaled. Without a next S, or pingpong (outside the turn): here. Else
+            // under the next S, where ptxas places its FMULs among that S's wgmma issues by the
+            // source position: d64 / d128 after the V wait (all of S issued first; right after
+            // issue_qk, ptxas put them behind its first wgmma: causal d128 7-12% slower), d256
+            // right after issue_qk (2.6% faster than after the V wait on causal calls).
+            // bench/NOTES.md runs 183-184.
+            constexpr bool rescale_under_s = decltype(has_next)::value && !Traits::kPingpong;
+            constexpr bool rescale_after_v_wait = rescale_under_s && Traits::kHeadDim < 256;
+            if constexpr (!rescale_under_s) OnlineSoftmax<1>::rescale(o_frag, o_scale);
             sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
             if constexpr (kRowSumsOnTensorCores) {
                 OnlineSoftmax<1>::rescale(l_frag, o_scale);
@@ -632,7 +641,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 wait_phase(smem.full_k(stage_of(it + 1)), phase_of(it + 1));
                 issue_qk(it + 1);
             }
+            if constexpr (rescale_under_s && !rescale_after_v_wait) {
+                OnlineSoftmax<1>::rescale(o_frag, o_scale);
+            }
             wait_phase(smem.full_v(stage_of(it)), phase_of(it));
+            if constexpr (rescale_after_v_wait) OnlineSoftmax<1>::rescale(o_frag, o_scale);
             issue_pv(it);
             if constexpr (decltype(has_next)::value) {
                 their_turn();

@@ -195,6 +195,15 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_addr,
     return desc;
 }
 
+// The descriptor of the operand `byte_offset` bytes past the one `desc` describes (a k step or a
+// slab further): the start address field (bits 0-13, address >> 4) plus byte_offset >> 4, an add
+// to the low 32 bits only (shared addresses are below 2^18, so the field does not carry). One add
+// per wgmma where rebuilding the descriptor from the address took about six instructions.
+__device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, uint32_t byte_offset) {
+    const uint32_t lo = static_cast<uint32_t>(desc) + (byte_offset >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // wgmma.fence.sync.aligned: orders register accesses to the accumulators before the wgmma
 // that follow (each warpgroup thread, before the first wgmma of a batch).
 __device__ __forceinline__ void wgmma_fence() {

@@ -85,6 +85,9 @@ inline void st_shared_f32x2(uint32_t addr, float a, float b) {
 
 inline uint32_t opaque(uint32_t x) { return x; }
 inline int opaque(int x) { return x; }
+inline int warp_uniform(int x) {
+    return static_cast<int>(__shfl_sync(0xffffffffu, static_cast<uint32_t>(x), 0));
+}
 inline uint64_t mad_wide_u32(uint32_t a, uint32_t b, uint64_t c) {
     return static_cast<uint64_t>(a) * b + c;
 }

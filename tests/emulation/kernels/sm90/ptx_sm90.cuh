@@ -414,6 +414,18 @@ inline uint64_t make_smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes = 16
     desc |= static_cast<uint64_t>(1) << 62;
     return desc;
 }
+// The descriptor `byte_offset` bytes further: the start address field advanced, which must
+// neither carry out of its 14 bits nor drop a partial 16-byte unit.
+inline uint64_t smem_desc_advance(uint64_t desc, uint32_t byte_offset) {
+    if (byte_offset % 16 != 0) {
+        emu::fail("smem_desc_advance: offset not a multiple of 16", byte_offset);
+    }
+    if ((desc & 0x3FFFu) + (byte_offset >> 4) > 0x3FFFu) {
+        emu::fail("smem_desc_advance: start address past 2^18", byte_offset);
+    }
+    const uint32_t lo = static_cast<uint32_t>(desc) + (byte_offset >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
 
 template <typename T, int N>
 inline void fence_operand(T (&)[N]) {}
