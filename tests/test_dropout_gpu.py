@@ -184,6 +184,8 @@ def test_fwd_values(dtype, case, p):
 
 def test_kernel_path_runs():
     """Dropout without return_softmax is the kernel: close to the reference, not bit-equal."""
+    if 128 not in built_head_dims():  # without its kernel the call takes the reference path
+        pytest.skip("head dim 128 not built (FLASH_CUDA_HEADDIMS)")
     q, k, v, _ = make_inputs(torch.float16, 128, 300, 300, 4, 4, seed=3)
     out, lse, _, rs = fwd(q, k, v, 0.3)
     out_ref, lse_ref, _, _ = fwd(q, k, v, 0.3, return_softmax=True, rng_state=rs)

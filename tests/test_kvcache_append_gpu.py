@@ -141,7 +141,7 @@ def test_graph_replay_equals_eager(rotary, feature):
     a = case["args"]
     seqlens = a["cache_seqlens"]
 
-    graph, (out_graph, lse_graph) = capture_cuda_graph(lambda: call_op(case))
+    graph, (out_graph, lse_graph) = capture_cuda_graph(lambda: call_op(case), 128)
     for new_lens in ([10, 11, 12, 13], [0, 499, 200, 1], [37, 0, 0, 250]):
         seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         if a["cache_leftpad"] is not None:

@@ -111,7 +111,7 @@ def test_kvcache_decode_step_in_cuda_graph():
         return flash.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
                                              cache_seqlens=cache_seqlens, causal=True)
 
-    graph, out_graph = capture_cuda_graph(step)
+    graph, out_graph = capture_cuda_graph(step, 128)
     for seqlens in ([10, 11, 12, 13], [0, 511, 200, 1]):
         cache_seqlens.copy_(torch.tensor(seqlens, dtype=torch.int32))
         q.normal_()
@@ -160,7 +160,7 @@ def test_split_decode_pdl_equals_plain_launch(hk, num_splits, monkeypatch):
     check_against_oracle(out, lse, q, k_cache, v_cache, [capacity, 5000], causal=False,
                          window=(-1, -1), softcap=0.0, alibi_slopes=None)
 
-    graph, (out_graph, lse_graph) = capture_cuda_graph(step)
+    graph, (out_graph, lse_graph) = capture_cuda_graph(step, 128)
     for _ in range(20):
         q.normal_(generator=gen)
         graph.replay()
@@ -220,7 +220,7 @@ def test_append_step_pdl_equals_plain_launch(page, num_splits, monkeypatch):
         assert not torch.equal(k_pdl, k_before)  # the step appended
 
     compare(step)
-    graph, (out_graph, lse_graph) = capture_cuda_graph(step)
+    graph, (out_graph, lse_graph) = capture_cuda_graph(step, 128)
     for _ in range(12):
         cache_seqlens.add_(1)
         for t in (q, k_new, v_new):

@@ -487,7 +487,7 @@ def test_decode_graph_replay(page, num_splits):
                                              block_table=cache.block_table, causal=True,
                                              num_splits=num_splits, return_softmax_lse=True)
 
-    graph, (out_graph, lse_graph) = capture_cuda_graph(step)
+    graph, (out_graph, lse_graph) = capture_cuda_graph(step, 128)
     for seqlens in ([10, 11, 12], [0, 4095, 2000], [4000, 1, 63]):
         cache_seqlens.copy_(torch.tensor(seqlens, dtype=torch.int32))
         q.normal_()
