@@ -625,8 +625,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // under the next S, where ptxas places its FMULs among that S's wgmma issues by the
             // source position: d64 / d128 after the V wait (all of S issued first; right after
             // issue_qk, ptxas put them behind its first wgmma: causal d128 7-12% slower), d256
-            // right after issue_qk (2.6% faster than after the V wait on causal calls).
-            // bench/NOTES.md runs 183-184.
+            // right after issue_qk (2.4-3.8% faster than after the V wait on causal calls).
+            // bench/NOTES.md runs 183-186.
             constexpr bool rescale_under_s = decltype(has_next)::value && !Traits::kPingpong;
             constexpr bool rescale_after_v_wait = rescale_under_s && Traits::kHeadDim < 256;
             if constexpr (!rescale_under_s) OnlineSoftmax<1>::rescale(o_frag, o_scale);
