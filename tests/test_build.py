@@ -172,7 +172,7 @@ def spill_bytes(report: str) -> list[tuple[int, int]]:
 
 # (file, most spill bytes allowed). None may spill: the d128 backward spilled 4 bytes from session
 # 34 and its pingpong kernel 28-64 (session 35) until its wgmma descriptors were built once per
-# GEMM batch and advanced by adds in uniform registers (session 36, bench/NOTES.md runs 180-183).
+# GEMM batch and advanced by adds in uniform registers (session 36, bench/NOTES.md runs 181-185).
 @pytest.mark.parametrize("name,max_spill", (("fwd_hdim128_bf16_sm90.cu", 0),
                                             ("fwd_hdim64_fp16_causal_sm90.cu", 0),
                                             ("fwd_hdim256_bf16_sm90.cu", 0),
