@@ -330,18 +330,31 @@ __device__ __forceinline__ void bwd_sm90_produce(const BwdParams& params,
     }
 }
 
+// Whether every key of [key_first, key_first + kKeys) is visible to every query of
+// [query_first, query_first + kQueries): then scores_to_probs tests no mask (warp-uniform: the
+// arguments are). Queries past seqlen_q need no test either way (their lse is +inf).
+template <int kKeys, int kQueries>
+__device__ __forceinline__ bool block_fully_visible(const KeyRange& range, int key_first,
+                                                    int query_first) {
+    const int key_last = key_first + kKeys - 1;
+    const int query_last = query_first + kQueries - 1;
+    return key_last < range.seqlen_k && key_first >= query_last + range.begin_shift &&
+           key_last < query_first + range.end_shift;
+}
+
 // P^T = exp2(S^T scale log2(e) - lse) in place of S^T: 0 where the mask hides the key, ALiBi as
 // the forward. s: one warp's 16 key rows (key `key0` of the sequence + lane / 4 + 8 (e / 2)) by
 // kCols query columns; column 8 nt + 2 (lane % 4) + j is query col_base + 8 nt + j, whose lse
 // (base 2) is at lse_thread + 4 (8 nt + j). The mask per key row is a range of visible
 // columns [lo, hi] relative to col_base, so each element compares a constant (keys past the
 // sequence: an empty range): key >= query + begin_shift and key < min(seqlen_k, query +
-// end_shift).
-template <int kCols, bool HasAlibi>
-__device__ __forceinline__ void scores_to_probs(float (&s)[1][kCols / 8][4], int key0,
-                                                int col_base, const KeyRange& range,
-                                                const AttentionMask& mask, uint32_t lse_thread,
-                                                float score_log2, float alibi_slope_log2) {
+// end_shift). kMasked = false (block_fully_visible): no comparison, no select.
+template <int kCols, bool HasAlibi, bool kMasked>
+__device__ __forceinline__ void scores_to_probs_impl(float (&s)[1][kCols / 8][4], int key0,
+                                                     int col_base, const KeyRange& range,
+                                                     const AttentionMask& mask,
+                                                     uint32_t lse_thread, float score_log2,
+                                                     float alibi_slope_log2) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int key = ptx::opaque(key0 + 8 * half);
@@ -358,10 +371,29 @@ __device__ __forceinline__ void scores_to_probs(float (&s)[1][kCols / 8][4], int
                 const float x = sm80::bwd_score_log2_p<false, HasAlibi>(
                     s[0][nt][2 * half + j], dscore, score_log2, 0.f, alibi_slope_log2,
                     HasAlibi ? abs(alibi_base + offset) : 0, lse_log2);
-                const bool visible = offset >= lo && offset <= hi;
-                s[0][nt][2 * half + j] = visible ? ptx::exp2_approx(x) : 0.f;
+                if constexpr (kMasked) {
+                    const bool visible = offset >= lo && offset <= hi;
+                    s[0][nt][2 * half + j] = visible ? ptx::exp2_approx(x) : 0.f;
+                } else {
+                    s[0][nt][2 * half + j] = ptx::exp2_approx(x);
+                }
             }
         }
+    }
+}
+
+template <int kCols, bool HasAlibi>
+__device__ __forceinline__ void scores_to_probs(float (&s)[1][kCols / 8][4], int key0,
+                                                int col_base, const KeyRange& range,
+                                                const AttentionMask& mask, uint32_t lse_thread,
+                                                float score_log2, float alibi_slope_log2,
+                                                bool fully_visible) {
+    if (fully_visible) {
+        scores_to_probs_impl<kCols, HasAlibi, false>(s, key0, col_base, range, mask, lse_thread,
+                                                     score_log2, alibi_slope_log2);
+    } else {
+        scores_to_probs_impl<kCols, HasAlibi, true>(s, key0, col_base, range, mask, lse_thread,
+                                                    score_log2, alibi_slope_log2);
     }
 }
 
@@ -380,22 +412,24 @@ __device__ __forceinline__ void probs_to_dscores(float (&dp)[1][kCols / 8][4],
     }
 }
 
-// One warp's A fragments of 16 key rows (rows warp_row0 + g, + 8) by 16 kKTiles queries ->
-// shared memory rows of 128 bytes (64 queries, 128-byte swizzle) at `rows`, the queries from
-// 16-byte chunk chunk0 on: a K-major A (P^T for dV) or, read MN-major, the A of dQ (dS). frag[kk]
-// words: (row g, queries 16 kk + 2 q), (g + 8, ..), (g, 16 kk + 8 + 2 q), (g + 8, ..).
+// One warp's A fragments of 16 key rows (rows warp_row0 + g, + 8; warp_row0 a multiple of 8) by
+// 16 kKTiles queries -> shared memory rows of 128 bytes (64 queries, 128-byte swizzle) at `rows`
+// (128-byte aligned), the queries from 16-byte chunk chunk0 (even) on: a K-major A (P^T for dV)
+// or, read MN-major, the A of dQ (dS). frag[kk] words: (row g, queries 16 kk + 2 q), (g + 8, ..),
+// (g, 16 kk + 8 + 2 q), (g + 8, ..) -- four 8x8 matrices in the mma layout, so one stmatrix.x4
+// per kk: lane 8 i + j addresses row j of matrix i, key row warp_row0 + j + 8 (i % 2), chunk
+// chunk0 + 2 kk + i / 2, at ((chunk0 + 2 kk + i / 2) ^ j) << 4 in the row = (((i / 2) ^ j) << 4)
+// ^ ((chunk0 / 2 + kk) << 5): one XOR per kk on a base address (its bits 4-6 are the chunk's).
 template <int kKTiles>
 __device__ __forceinline__ void store_key_rows(uint32_t rows, const uint32_t (&frag)[kKTiles][4],
                                                int warp_row0, int lane, int chunk0) {
-    const int g = lane / 4, q = lane % 4;
+    const int matrix = lane / 8, j = lane % 8;  // row % 8 = j
+    const uint32_t base =
+        rows + (warp_row0 + j + 8 * (matrix % 2)) * 128 + (((matrix / 2) ^ j) << 4);
 #pragma unroll
     for (int kk = 0; kk < kKTiles; ++kk) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int row = warp_row0 + g + 8 * (r % 2);
-            const int chunk = chunk0 + 2 * kk + r / 2;
-            ptx::st_shared_4(rows + row * 128 + ((chunk ^ (row % 8)) << 4) + 4 * q, frag[kk][r]);
-        }
+        ptx90::stmatrix_x4(base ^ ((chunk0 / 2 + kk) << 5), frag[kk][0], frag[kk][1],
+                           frag[kk][2], frag[kk][3]);
     }
 }
 
@@ -682,10 +716,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // P^T while dP^T accumulates, then dS^T.
         ptx90::wgmma_wait<1>();
         ptx90::fence_operand(acc_s);
+        const bool fully_visible = block_fully_visible<64, kBlockM>(range, n0 + 64 * c, m0);
         scores_to_probs<kBlockM, HasAlibi>(s_frag, n0 + key_row0 + lane / 4,
                                            ptx::opaque(m0 + 2 * (lane % 4)), range, mask,
                                            smem.lse(stage) + 8 * (lane % 4), score_log2,
-                                           alibi_slope_log2);
+                                           alibi_slope_log2, fully_visible);
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dp);
         probs_to_dscores<kBlockM>(dp_frag, s_frag, smem.dsum(stage) + 8 * (lane % 4));

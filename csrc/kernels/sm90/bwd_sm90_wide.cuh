@@ -128,7 +128,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         scores_to_probs<kCols, HasAlibi>(s_frag, n0 + key_row0 + lane / 4,
                                          ptx::opaque(m0 + kCols * c + 2 * (lane % 4)), range,
                                          mask, smem.lse(stage) + column_bytes, score_log2,
-                                         alibi_slope_log2);
+                                         alibi_slope_log2,
+                                         block_fully_visible<kBlockN, kCols>(range, n0,
+                                                                             m0 + kCols * c));
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dp);
         probs_to_dscores<kCols>(dp_frag, s_frag, smem.dsum(stage) + column_bytes);

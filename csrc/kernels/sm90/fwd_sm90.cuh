@@ -623,12 +623,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (it > 0) ptx90::mbarrier_arrive(smem.empty_v(stage_of(it - 1)));
             // Where O is rescaled. Without a next S, or pingpong (outside the turn): here. Else
             // under the next S, where ptxas places its FMULs among that S's wgmma issues by the
-            // source position: d64 / d128 after the V wait (all of S issued first; right after
-            // issue_qk, ptxas put them behind its first wgmma: causal d128 7-12% slower), d256
-            // right after issue_qk (2.4-3.8% faster than after the V wait on causal calls).
-            // bench/NOTES.md runs 183-186.
+            // source position: d128 and causal d64 after the V wait (all of S issued first;
+            // right after issue_qk, ptxas put them behind its first wgmma: causal d128 7-12%
+            // slower), d256 and non-causal d64 right after issue_qk (d256: 2.4-3.8% faster than
+            // after the V wait on causal calls; non-causal d64 s512-4k 0.6-3.3%). bench/NOTES.md
+            // runs 183-186 and 190.
             constexpr bool rescale_under_s = decltype(has_next)::value && !Traits::kPingpong;
-            constexpr bool rescale_after_v_wait = rescale_under_s && Traits::kHeadDim < 256;
+            constexpr bool rescale_after_v_wait =
+                rescale_under_s && (Traits::kHeadDim == 128 || (Traits::kHeadDim == 64 && Causal));
             if constexpr (!rescale_under_s) OnlineSoftmax<1>::rescale(o_frag, o_scale);
             sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
             if constexpr (kRowSumsOnTensorCores) {

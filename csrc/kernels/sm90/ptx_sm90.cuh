@@ -81,6 +81,19 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// ---- shared-memory stores ----
+
+// stmatrix.sync.aligned.m8n8.x4.shared.b16 (warp-collective): four 8x8 matrices of 16-bit
+// elements; r_i holds this lane's two elements of matrix i (row lane / 4, columns 2 (lane % 4)
+// and + 1: the mma fragment layout), and lane 8 i + j gives the shared address of row j of
+// matrix i (16 bytes, 16-byte aligned).
+__device__ __forceinline__ void stmatrix_x4(uint32_t row_addr, uint32_t r0, uint32_t r1,
+                                            uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(row_addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 // ---- async proxy ----
 
 // fence.proxy.async.shared::cta: generic-proxy writes to shared memory (st.shared) become

@@ -252,6 +252,24 @@ inline void store_release_global(int* addr, int value) {
     std::atomic_ref<int>(*addr).store(value, std::memory_order_release);
 }
 
+// ---- shared-memory stores ----
+
+// stmatrix.m8n8.x4.b16: the lanes' row addresses and fragments meet in the warp's buffer; each
+// lane then writes the rows it gave the address of (matrix lane / 8, row lane % 8).
+inline void stmatrix_x4(uint32_t row_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    emu::smem_at(row_addr, 16, 16);  // checks
+    emu::WarpContext& w = emu::warp();
+    const int lane = emu::lane();
+    const uint32_t r[4] = {r0, r1, r2, r3};
+    for (int i = 0; i < 4; ++i) w.words[lane][i] = r[i];
+    w.barrier.arrive_and_wait();
+    const int matrix = lane / 8, row = lane % 8;
+    uint32_t words[4];  // the row's 8 elements: held by lanes 4 row .. 4 row + 3
+    for (int q = 0; q < 4; ++q) words[q] = w.words[4 * row + q][matrix];
+    std::memcpy(emu::smem_at(row_addr, 16, 16), words, 16);
+    w.barrier.arrive_and_wait();
+}
+
 // ---- async proxy ----
 
 inline void fence_proxy_async_shared() {}
