@@ -515,7 +515,8 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     const int splits = deterministic && !sm90
                            ? bwd_dq_splits(q, dims.batch * dims.heads, dims.seqlen_k, dq_slice * 4)
                            : 1;
-    at::Tensor dq_accum = at::zeros({splits * dq_slice}, f32);
+    // Zeroed by the preprocess kernel (dq_accum_zero_vec4 below), not by a memset launch.
+    at::Tensor dq_accum = at::empty({splits * dq_slice}, f32);
     at::Tensor dq_semaphore;
     if (deterministic && sm90) {
         dq_semaphore = at::zeros({dims.batch * dims.heads * (params.seqlen_q_rounded / 64)},
@@ -549,6 +550,7 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     params.dk_head_stride = dk.stride(-2);
     params.dv_head_stride = dv.stride(-2);
     params.dq_accum_ptr = dq_accum.data_ptr();
+    params.dq_accum_zero_vec4 = dq_accum.numel() / 4;  // hd: a multiple of 8
     params.dk_accum_ptr = dkv_direct ? nullptr : dk_accum.data_ptr();
     params.dv_accum_ptr = dkv_direct ? nullptr : dv_accum.data_ptr();
     params.dkv_direct = dkv_direct;

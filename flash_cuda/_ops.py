@@ -123,6 +123,10 @@ def _lastdim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _save(ctx, tensors, alibi_slopes):
+    # The gradients of softmax_lse, S_dmask and rng_state are ignored: not materialised as
+    # zero tensors (three allocations and fills per backward call otherwise). dout is None when
+    # only those outputs were used: then it is made zeros (_dout).
+    ctx.set_materialize_grads(False)
     ctx.has_alibi = alibi_slopes is not None
     ctx.save_for_backward(*tensors, *((alibi_slopes,) if ctx.has_alibi else ()))
 
@@ -136,11 +140,16 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.deterministic = _deterministic(deterministic)
 
 
+def _dout(dout, out):
+    # The gradient arriving for out (None: out was not used, as a zero gradient), unit last stride.
+    return torch.zeros_like(out) if dout is None else _lastdim_contiguous(dout)
+
+
 def _fwd_backward(ctx, dout, _dlse, _ds_dmask, _drng_state):
     q, k, v, out, softmax_lse, rng_state, *alibi = ctx.saved_tensors
     alibi_slopes = alibi[0] if ctx.has_alibi else None
     dropout_p, softmax_scale, causal, left, right, softcap = ctx.args
-    dq, dk, dv = _ops.bwd(_lastdim_contiguous(dout), q, k, v, out, softmax_lse, alibi_slopes,
+    dq, dk, dv = _ops.bwd(_dout(dout, out), q, k, v, out, softmax_lse, alibi_slopes,
                           dropout_p, softmax_scale, causal, left, right, softcap,
                           ctx.deterministic, rng_state)
     # One gradient per input of fwd: q, k, v, then none for the 10 non-differentiable ones.
@@ -170,7 +179,7 @@ def _varlen_fwd_backward(ctx, dout, _dlse, _ds_dmask, _drng_state):
     q, k, v, out, softmax_lse, rng_state, cu_seqlens_q, cu_seqlens_k, *alibi = ctx.saved_tensors
     alibi_slopes = alibi[0] if ctx.has_alibi else None
     max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, left, right, softcap = ctx.args
-    dq, dk, dv = _ops.varlen_bwd(_lastdim_contiguous(dout), q, k, v, out, softmax_lse,
+    dq, dk, dv = _ops.varlen_bwd(_dout(dout, out), q, k, v, out, softmax_lse,
                                  cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q,
                                  max_seqlen_k, dropout_p, softmax_scale, causal, left, right,
                                  softcap, ctx.deterministic, rng_state)

@@ -8,8 +8,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/kvcache_append.h"
 #include "kernels/params.h"
@@ -28,16 +32,33 @@
 namespace flash_cuda {
 
 // Lets `kernel` launch with `bytes` of dynamic shared memory (an opt-in above 48 KB); throws,
-// naming `what`, when the GPU cannot give that much to one CTA.
+// naming `what`, when the GPU cannot give that much to one CTA. The attribute is set once per
+// (kernel, device) for the largest size asked so far: cudaFuncSetAttribute costs microseconds of
+// host time, which short calls notice (bench/NOTES.md session 38).
 template <typename Kernel>
 inline void reserve_dynamic_smem(Kernel kernel, int bytes, const char* what) {
     if (bytes <= 48 * 1024) return;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) device = -1;
+    static std::mutex mutex;
+    static std::map<std::pair<const void*, int>, int> reserved;  // (kernel, device) -> bytes
+    const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+    {
+        const std::lock_guard<std::mutex> lock(mutex);
+        const auto it = reserved.find(key);
+        if (it != reserved.end() && it->second >= bytes) return;
+    }
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (err != cudaSuccess) {
         throw std::runtime_error(std::string("flash_cuda: cannot reserve ") +
                                  std::to_string(bytes) + " bytes of shared memory for the " +
                                  what + ": " + cudaGetErrorString(err));
+    }
+    if (device >= 0) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        int& held = reserved[key];
+        held = std::max(held, bytes);
     }
 }
 

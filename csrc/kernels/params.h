@@ -202,6 +202,9 @@ struct BwdParams : public FwdParams {
 
     // fp32 workspaces: dq_accum (b, seqlen_q_rounded, h, d_rounded); dk/dv_accum for GQA.
     void* __restrict__ dq_accum_ptr;
+    // float4s of dq_accum (from its start) that the preprocess kernel zeroes before the main
+    // kernel adds to them (one launch fewer than a memset); 0: the caller zeroed it.
+    int64_t dq_accum_zero_vec4;
     void* __restrict__ dk_accum_ptr;
     void* __restrict__ dv_accum_ptr;
     // MHA (h == h_k): the main kernel writes dk / dv directly (dk_accum / dv_accum unused; the

@@ -312,10 +312,16 @@ struct BwdQueryBlocks {
 };
 
 // D = rowsum(dO * O), fp32: (b, h, seqlen_q_rounded), or (h, total_q) varlen. One warp per
-// (head, query row).
+// (head, query row). Also zeroes dq_accum (params.dq_accum_zero_vec4 float4s, grid-stride).
 template <typename Element>
 __global__ void mha_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
-    const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    float4* const dq_accum = reinterpret_cast<float4*>(params.dq_accum_ptr);
+    for (int64_t i = thread; i < params.dq_accum_zero_vec4;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    const int64_t warp_id = thread / 32;
     const int lane = threadIdx.x % 32;
     const Element* o;
     const Element* d_o;

@@ -22,15 +22,16 @@ inline unsigned bwd_blocks_for(int64_t threads) {
     return static_cast<unsigned>(std::min<int64_t>((threads + 255) / 256, 65535 * 16));
 }
 
-// D = rowsum(dO * O): one warp per (head, query row).
+// D = rowsum(dO * O): one warp per (head, query row); and dq_accum zeroed (dq_accum_zero_vec4).
 template <typename Element>
 void launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream) {
     const bool varlen = params.cu_seqlens_q != nullptr;
     const int64_t rows = varlen ? static_cast<int64_t>(params.h) * params.total_q
                                 : static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
-    if (rows > 0) {
+    if (rows > 0 || params.dq_accum_zero_vec4 > 0) {
+        const int64_t blocks = std::max<int64_t>((rows * 32 + 255) / 256, 1);
         mha_bwd_preprocess_kernel<Element>
-            <<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(params);
+            <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(params);
         FLASH_CUDA_CHECK_LAUNCH();
     }
 }

@@ -35,13 +35,24 @@ inline int encode_tensor_map(CUtensorMap* map, const TensorMapDesc& m) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-    return static_cast<int>(encode(
-        map, m.elem_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16,
-        static_cast<cuuint32_t>(m.rank),
-        const_cast<void*>(m.base), m.dims, m.strides_bytes + 1, m.box, elem_strides,
-        CU_TENSOR_MAP_INTERLEAVE_NONE,
-        m.swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+    auto run = [&] {
+        return encode(
+            map,
+            m.elem_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            static_cast<cuuint32_t>(m.rank), const_cast<void*>(m.base), m.dims,
+            m.strides_bytes + 1, m.box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            m.swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    };
+    CUresult result = run();
+    if (result == CUDA_ERROR_INVALID_CONTEXT) {
+        // No context current on this thread yet (e.g. the autograd engine's device thread, whose
+        // first CUDA work of the step this is: its allocations came from the caching allocator,
+        // no runtime call bound the device's context). A runtime call binds the current device's
+        // primary context; then again once.
+        if (cudaFree(nullptr) == cudaSuccess) result = run();
+    }
+    return static_cast<int>(result);
 }
 
 }  // namespace sm90
