@@ -7,6 +7,7 @@ explains its ratios.
     PYTHONPATH=. python3 bench/kernel_times.py --decode 1,1024 --decode 8,8192
     PYTHONPATH=. python3 bench/kernel_times.py --decode 1,32768 --flush read
     PYTHONPATH=. python3 bench/kernel_times.py --eager 1,1024
+    PYTHONPATH=. python3 bench/kernel_times.py --eager-prefill 128,512,causal
 
 --prefill d,seqlen[,causal]: bf16, batch x seqlen = 16384 tokens, hidden 2048 (ANCHORS grid),
 forward + backward. --decode b,kv_len[,kv_heads]: one query token, 32 query heads (8 KV heads
@@ -175,11 +176,68 @@ def eager(b, kv, calls=200):
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14, max_name_column_width=60))
 
 
+def per_call_us(fn, calls):
+    """Wall time per call of `calls` back-to-back calls (no sync between them): the host cost
+    where it exceeds the GPU's."""
+    import time
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def eager_prefill(d, seqlen, causal, calls=100):
+    """Host cost of eager prefill calls: wall us per call, back to back, of the forward and of
+    forward + backward (torch.autograd.grad, as bench_attention.py), flash_cuda against the SDPA
+    peers, at the ANCHORS cell (d, seqlen) and at batch 1, 1 head of 128 tokens (whose GPU time is
+    a few us: wall = host cost); then the CPU-side operators of one flash_cuda fwd+bwd."""
+    h, b = 2048 // d, 16384 // seqlen
+    print(f"\n### eager prefill d{d}{' causal' if causal else ''}: wall us per call, {calls} calls")
+    for (bb, hh, ss) in ((b, h, seqlen), (1, 1, 128)):
+        q, k, v, dout = (torch.randn(bb, ss, hh, d, device="cuda", dtype=torch.bfloat16)
+                         for _ in range(4))
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+
+        def fc_fwdbwd():
+            out = flash_cuda.flash_attn_func(qg, kg, vg, causal=causal)
+            torch.autograd.grad(out, (qg, kg, vg), dout)
+        rows = {"flash_cuda": (per_call_us(lambda: flash_cuda.flash_attn_func(
+            q, k, v, causal=causal), calls), per_call_us(fc_fwdbwd, calls))}
+        qt, kt, vt, dt = (x.transpose(1, 2).contiguous() for x in (q, k, v, dout))
+        qtg, ktg, vtg = (x.detach().requires_grad_() for x in (qt, kt, vt))
+        for name, backend in PEERS.items():
+            def fwd(backend=backend):
+                with sdpa_kernel(backend):
+                    F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+            def fwdbwd(backend=backend):
+                with sdpa_kernel(backend):
+                    out = F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=causal)
+                torch.autograd.grad(out, (qtg, ktg, vtg), dt)
+            with contextlib.suppress(RuntimeError):
+                rows[name] = (per_call_us(fwd, calls), per_call_us(fwdbwd, calls))
+        print(f"b{bb} s{ss} h{hh}: " + "; ".join(
+            f"{n} fwd {f:.1f} fwd+bwd {fb:.1f}" for n, (f, fb) in rows.items()))
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(20):
+            fc_fwdbwd()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=24,
+                                    max_name_column_width=60))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prefill", action="append", default=[], help="d,seqlen[,causal]")
     p.add_argument("--decode", action="append", default=[], help="batch,kv_len[,kv_heads (8)]")
     p.add_argument("--eager", action="append", default=[], help="batch,kv_len (host cost)")
+    p.add_argument("--eager-prefill", action="append", default=[],
+                   help="d,seqlen[,causal] (host cost of fwd and fwd+bwd)")
     p.add_argument("--flush", choices=["memset", "read"], default=None,
                    help="flush L2 before every profiled call (decode and prefill tables)")
     args = p.parse_args()
@@ -194,6 +252,9 @@ def main() -> None:
     for spec in args.eager:
         b, kv = (int(x) for x in spec.split(","))
         eager(b, kv)
+    for spec in args.eager_prefill:
+        parts = spec.split(",")
+        eager_prefill(int(parts[0]), int(parts[1]), len(parts) > 2 and parts[2] == "causal")
 
 
 if __name__ == "__main__":
