@@ -3,7 +3,9 @@
 The ops themselves are C++ (csrc/torch_bindings.cpp has the schemas). This file only tells
 PyTorch what they return without running them (register_fake: shapes, dtypes, devices, so
 torch.compile(fullgraph=True) and torch.export trace through every op, the KV-cache update
-included) and how to differentiate fwd/varlen_fwd (register_autograd: the bwd ops).
+included) and how to differentiate fwd/varlen_fwd (register_autograd: the bwd ops; the public
+functions call them through fwd() / varlen_fwd() below, the same formulas in an
+autograd.Function, which costs less host time per call).
 
 The fakes compute shapes only. Argument validation stays in csrc/checks.cpp; the one rule a
 fake repeats is "fp16/bf16 only on CUDA", so that a compiled graph on fp32 CUDA inputs fails
@@ -190,3 +192,53 @@ torch.library.register_autograd("flash_cuda::fwd", _fwd_backward,
                                 setup_context=_fwd_setup_context)
 torch.library.register_autograd("flash_cuda::varlen_fwd", _varlen_fwd_backward,
                                 setup_context=_varlen_fwd_setup_context)
+
+
+# The public functions' route to fwd / varlen_fwd when autograd records the call: the same
+# formulas in an autograd.Function of their own. The op's registered autograd (above, for direct
+# callers of torch.ops.flash_cuda) refills the op's defaulted arguments from its schema on every
+# call, tens of microseconds of host time (bench/NOTES.md session 38).
+class _FwdFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _ops.fwd(*inputs)
+        _fwd_setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _fwd_backward(ctx, *grads)
+
+
+class _VarlenFwdFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _ops.varlen_fwd(*inputs)
+        _varlen_fwd_setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _varlen_fwd_backward(ctx, *grads)
+
+
+def _recorded(q, k, v) -> bool:
+    # Autograd records this eager call, outside an autocast region of the inputs' device (there
+    # the op's autocast rule casts q, k, v first and its registered autograd sees the cast
+    # tensors). Traced calls (torch.compile, export) keep the op: a compiled graph pays no
+    # per-call host cost, and Dynamo refuses an autograd.Function given one tensor twice (k is v).
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    device = q.device.type
+    return ((q.requires_grad or k.requires_grad or v.requires_grad)
+            and not (device in ("cpu", "cuda") and torch.is_autocast_enabled(device)))
+
+
+def fwd(*args):
+    """torch.ops.flash_cuda.fwd(*args), differentiable in q, k, v."""
+    return _FwdFunction.apply(*args) if _recorded(*args[:3]) else _ops.fwd(*args)
+
+
+def varlen_fwd(*args):
+    """torch.ops.flash_cuda.varlen_fwd(*args), differentiable in q, k, v."""
+    return _VarlenFwdFunction.apply(*args) if _recorded(*args[:3]) else _ops.varlen_fwd(*args)

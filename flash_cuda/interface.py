@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops  # noqa: F401  (registers the fakes and the autograd formulas)
+from . import _ops  # the fakes and autograd formulas (registered on import); fwd, varlen_fwd
 
 _flash = torch.ops.flash_cuda
 
@@ -46,7 +46,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     torch.use_deterministic_algorithms(True)).
     """
     left, right = _window(window_size)
-    out, softmax_lse, s_dmask, _ = _flash.fwd(
+    out, softmax_lse, s_dmask, _ = _ops.fwd(
         q, k, v, alibi_slopes, dropout_p, _scale(softmax_scale, q), causal, left, right,
         softcap, return_attn_probs and dropout_p > 0, None, deterministic)
     return _result(out, softmax_lse, s_dmask, return_attn_probs)
@@ -81,7 +81,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return_attn_probs=True -> (out, softmax_lse fp32 (h, total_q), S_dmask).
     """
     left, right = _window(window_size)
-    out, softmax_lse, s_dmask, _ = _flash.varlen_fwd(
+    out, softmax_lse, s_dmask, _ = _ops.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, None, block_table, alibi_slopes, max_seqlen_q,
         max_seqlen_k, dropout_p, _scale(softmax_scale, q), causal, left, right, softcap,
         return_attn_probs and dropout_p > 0, None, deterministic)

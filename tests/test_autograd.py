@@ -1,4 +1,4 @@
-"""Autograd through the public functions (register_autograd: fwd -> bwd, varlen_fwd -> varlen_bwd).
+"""Autograd through the public functions (fwd -> bwd, varlen_fwd -> varlen_bwd; flash_cuda/_ops.py).
 
 gradcheck in fp64 on tiny shapes over the features (causal, window, softcap, ALiBi, GQA,
 dropout with a fixed rng_state), and gradients equal to autograd through the naive oracle.
@@ -146,3 +146,34 @@ def test_varlen_paged_backward_unsupported():
                                             block_table=table)
     with pytest.raises(NotImplementedError, match="block_table"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_public_function_route_equals_op_autograd(varlen):
+    """The public functions record eager calls through flash_cuda._ops' autograd.Function (less
+    host time per call); the op's registered autograd (direct torch.ops callers, torch.compile,
+    autocast) gives the same outputs and gradients."""
+    torch.manual_seed(9)
+    ops = torch.ops.flash_cuda
+    if varlen:
+        cu = cu_seqlens([3, 5])
+        q, k, v = rand(8, 4, 8, **f64), rand(8, 2, 8, **f64), rand(8, 2, 8, **f64)
+        args = (q, k, v, cu, cu, None, None, None, 5, 5, 0.0, 0.3, True, -1, -1, 0.0, False,
+                None, False)
+        public = flash_cuda.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, softmax_scale=0.3,
+                                                   causal=True)
+        direct = ops.varlen_fwd(*args)[0]
+        name = "_VarlenFwdFunction"
+    else:
+        q, k, v = rand(2, 5, 4, 8, **f64), rand(2, 7, 2, 8, **f64), rand(2, 7, 2, 8, **f64)
+        args = (q, k, v, None, 0.0, 0.3, True, -1, -1, 0.0, False, None, False)
+        public = flash_cuda.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True)
+        direct = ops.fwd(*args)[0]
+        name = "_FwdFunction"
+    assert name in type(public.grad_fn).__name__
+    assert name not in type(direct.grad_fn).__name__
+    torch.testing.assert_close(public, direct, rtol=0, atol=0)
+    dout = torch.randn_like(public)
+    for g, r in zip(torch.autograd.grad(public, (q, k, v), dout),
+                    torch.autograd.grad(direct, (q, k, v), dout)):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
