@@ -193,8 +193,10 @@ def per_call_us(fn, calls):
 def eager_prefill(d, seqlen, causal, calls=100):
     """Host cost of eager prefill calls: wall us per call, back to back, of the forward and of
     forward + backward (torch.autograd.grad, as bench_attention.py), flash_cuda against the SDPA
-    peers, at the ANCHORS cell (d, seqlen) and at batch 1, 1 head of 128 tokens (whose GPU time is
-    a few us: wall = host cost); then the CPU-side operators of one flash_cuda fwd+bwd."""
+    peers (and flash_cuda's fwd+bwd through the op's registered autograd, the route the public
+    functions leave to torch.compile and autocast), at the ANCHORS cell (d, seqlen) and at batch
+    1, 1 head of 128 tokens (whose GPU time is a few us: wall = host cost); then the CPU-side
+    operators of one flash_cuda fwd+bwd."""
     h, b = 2048 // d, 16384 // seqlen
     print(f"\n### eager prefill d{d}{' causal' if causal else ''}: wall us per call, {calls} calls")
     for (bb, hh, ss) in ((b, h, seqlen), (1, 1, 128)):
@@ -205,8 +207,13 @@ def eager_prefill(d, seqlen, causal, calls=100):
         def fc_fwdbwd():
             out = flash_cuda.flash_attn_func(qg, kg, vg, causal=causal)
             torch.autograd.grad(out, (qg, kg, vg), dout)
+        def op_fwdbwd():  # the op's registered autograd (torch.library), not the public route
+            out = torch.ops.flash_cuda.fwd(qg, kg, vg, None, 0.0, d ** -0.5, causal, -1, -1, 0.0,
+                                           False, None, False)[0]
+            torch.autograd.grad(out, (qg, kg, vg), dout)
         rows = {"flash_cuda": (per_call_us(lambda: flash_cuda.flash_attn_func(
-            q, k, v, causal=causal), calls), per_call_us(fc_fwdbwd, calls))}
+            q, k, v, causal=causal), calls), per_call_us(fc_fwdbwd, calls)),
+            "flash_cuda via op autograd": (float("nan"), per_call_us(op_fwdbwd, calls))}
         qt, kt, vt, dt = (x.transpose(1, 2).contiguous() for x in (q, k, v, dout))
         qtg, ktg, vtg = (x.detach().requires_grad_() for x in (qt, kt, vt))
         for name, backend in PEERS.items():
