@@ -1,5 +1,5 @@
 """The sm_90a PTX wrappers (csrc/kernels/sm90/ptx_sm90.cuh): mbarrier + bulk copy, TMA 2D with the
-128-byte swizzle, wgmma m64n64k16 (SS, and RS with an MN-major B). The checks' kernels
+128-byte swizzle, wgmma m64n64k16 (SS, and RS with an MN-major B), stmatrix.x4. The checks' kernels
 (tests/cuda/sm90_wrapper_kernels.cuh) run three ways:
 - compiled for sm_90a with nvcc (wherever nvcc is), so the wrappers keep building;
 - on the CPU emulator's Hopper instructions (tests/emulation/kernels/sm90/ptx_sm90.cuh,
@@ -41,7 +41,7 @@ def expect_all_passed(run):
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "0 failure(s)" in run.stdout
-    assert run.stdout.count("PASS ") == 13, run.stdout
+    assert run.stdout.count("PASS ") == 14, run.stdout
 
 
 def test_sm90_wrappers_compile(tmp_path):

@@ -232,6 +232,34 @@ __global__ void wgmma_tt_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, 
     for (int i = 0; i < 32; ++i) d[acc_row(t, i) * kTile + acc_col(t, i)] = acc[i];
 }
 
+// ---- 6. stmatrix.x4: lane l holds, for matrix i, the elements (row l / 4, columns 2 (l % 4)
+// and + 1) of stmatrix_value; lane 8 i + j gives slot 31 - (8 i + j) of 32 slots of 32 bytes as
+// the address of row j of matrix i (slots reversed, the second 16 bytes of each left alone).
+__host__ __device__ inline uint16_t stmatrix_value(int matrix, int row, int column) {
+    return static_cast<uint16_t>((matrix << 12) | (row << 8) | (column << 4) | 5);
+}
+
+__global__ void stmatrix_kernel(uint16_t* out) {
+    uint8_t* smem = smem_1024();
+    for (int i = threadIdx.x; i < 256; i += kThreads) {
+        reinterpret_cast<uint32_t*>(smem)[i] = 0xFFFFFFFFu;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        uint32_t r[4];
+        for (int i = 0; i < 4; ++i) {
+            r[i] = stmatrix_value(i, lane / 4, 2 * (lane % 4)) |
+                   (static_cast<uint32_t>(stmatrix_value(i, lane / 4, 2 * (lane % 4) + 1)) << 16);
+        }
+        ptx90::stmatrix_x4(ptx::smem_addr(smem) + (31 - lane) * 32, r[0], r[1], r[2], r[3]);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 512; i += kThreads) {
+        out[i] = reinterpret_cast<const uint16_t*>(smem)[i];
+    }
+}
+
 // ---- host side: inputs and expectations
 
 // Test matrices: A (128 x 64, two TMA boxes), B (64 x 64); small multiples of 1/8 and 1/4, exact
@@ -437,6 +465,25 @@ int run_checks(Device& dev) {
         const double err = max_error(dev.download(d_dev, kTile * kTile), in.ref(kTile, false));
         std::printf("  wgmma SS (MN-major A and B): max |D - ref| = %g\n", err);
         report("wgmma m64n64k16 SS x4, MN-major A and B (transposed descriptors)", err <= 1e-3);
+    }
+    {  // 6. stmatrix.x4: every row at the address its lane gave, nothing else written
+        uint16_t* out = dev.upload(std::vector<uint16_t>(512, 0));
+        dev.launch(stmatrix_kernel, out);
+        const std::vector<uint16_t> img = dev.download(out, 512);
+        bool ok = true;
+        for (int slot = 0; slot < 32 && ok; ++slot) {
+            const int lane = 31 - slot;
+            for (int c = 0; c < 16 && ok; ++c) {
+                const uint16_t want = c < 8 ? stmatrix_value(lane / 8, lane % 8, c) : 0xFFFF;
+                if (img[slot * 16 + c] != want) {
+                    std::printf("  stmatrix: slot %d element %d is %04x, want %04x\n", slot, c,
+                                img[slot * 16 + c], want);
+                    ok = false;
+                }
+            }
+        }
+        report("stmatrix.x4: matrix i's row j at lane 8 i + j's address, mma fragment layout", ok);
+        dev.release(out);
     }
     dev.release(d_dev);
     dev.release(a_dev);
