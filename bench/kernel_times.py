@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import time
 
 import torch
 import torch.nn.functional as F
@@ -132,12 +133,24 @@ def decode(b, kv, hkv=8):
     show(f"decode b{b} kv{kv} h{hq}/{hkv} d{d}{flush}", tables)
 
 
+def per_call_us(fn, calls):
+    """Wall time per call of `calls` back-to-back calls (no sync between them): the host cost
+    where it exceeds the GPU's."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
 def eager(b, kv, calls=200):
     """Host cost of an eager decode call: wall time per call for back-to-back calls (no sync
     between), flash_cuda with and without the value checks (FLASH_CUDA_CHECK_VALUES), then the
     CPU-side operators of one flash_cuda call."""
     import os
-    import time
     hq, hkv, d = 32, 8, 128
     q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
     kc, vc = (torch.randn(b, kv, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -147,47 +160,23 @@ def eager(b, kv, calls=200):
     def fc():
         flash_cuda.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
 
-    def per_call(fn):
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e6
-
     print(f"\n### eager decode b{b} kv{kv} h{hq}/{hkv} d{d}: wall us per call, {calls} calls")
     for checks in ("1", "0"):
         os.environ["FLASH_CUDA_CHECK_VALUES"] = checks
-        print(f"flash_cuda FLASH_CUDA_CHECK_VALUES={checks}: {per_call(fc):.1f}")
+        print(f"flash_cuda FLASH_CUDA_CHECK_VALUES={checks}: {per_call_us(fc, calls):.1f}")
     os.environ["FLASH_CUDA_CHECK_VALUES"] = "1"
     for name, backend in PEERS.items():
         def run(backend=backend):
             with sdpa_kernel(backend):
                 F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
         with contextlib.suppress(RuntimeError):
-            print(f"{name}: {per_call(run):.1f}")
+            print(f"{name}: {per_call_us(run, calls):.1f}")
     acts = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(20):
             fc()
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14, max_name_column_width=60))
-
-
-def per_call_us(fn, calls):
-    """Wall time per call of `calls` back-to-back calls (no sync between them): the host cost
-    where it exceeds the GPU's."""
-    import time
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def eager_prefill(d, seqlen, causal, calls=100):
