@@ -196,6 +196,7 @@ def eager_prefill(d, seqlen, causal, calls=100):
         def fc_fwdbwd():
             out = flash_cuda.flash_attn_func(qg, kg, vg, causal=causal)
             torch.autograd.grad(out, (qg, kg, vg), dout)
+
         def op_fwdbwd():  # the op's registered autograd (torch.library), not the public route
             out = torch.ops.flash_cuda.fwd(qg, kg, vg, None, 0.0, d ** -0.5, causal, -1, -1, 0.0,
                                            False, None, False)[0]

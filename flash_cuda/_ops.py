@@ -194,34 +194,10 @@ torch.library.register_autograd("flash_cuda::varlen_fwd", _varlen_fwd_backward,
                                 setup_context=_varlen_fwd_setup_context)
 
 
-# The public functions' route to fwd / varlen_fwd when autograd records the call: the same
+# The public functions' route to fwd / varlen_fwd when autograd records an eager call: the same
 # formulas in an autograd.Function of their own. The op's registered autograd (above, for direct
 # callers of torch.ops.flash_cuda) refills the op's defaulted arguments from its schema on every
 # call, tens of microseconds of host time (bench/NOTES.md session 38).
-class _FwdFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _ops.fwd(*inputs)
-        _fwd_setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return _fwd_backward(ctx, *grads)
-
-
-class _VarlenFwdFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _ops.varlen_fwd(*inputs)
-        _varlen_fwd_setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return _varlen_fwd_backward(ctx, *grads)
-
-
 def _recorded(q, k, v) -> bool:
     # Autograd records this eager call, outside an autocast region of the inputs' device (there
     # the op's autocast rule casts q, k, v first and its registered autograd sees the cast
@@ -234,11 +210,22 @@ def _recorded(q, k, v) -> bool:
             and not (device in ("cpu", "cuda") and torch.is_autocast_enabled(device)))
 
 
-def fwd(*args):
-    """torch.ops.flash_cuda.fwd(*args), differentiable in q, k, v."""
-    return _FwdFunction.apply(*args) if _recorded(*args[:3]) else _ops.fwd(*args)
+def _eager_route(name, op, setup_context, backward):
+    """op(*args), differentiable in q, k, v (args[:3]): through the autograd.Function `name`
+    (forward = op, then setup_context; backward) where _recorded, else the op itself."""
+    def forward(ctx, *inputs):
+        output = op(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    function = type(name, (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+    def call(*args):
+        return function.apply(*args) if _recorded(*args[:3]) else op(*args)
+    return call
 
 
-def varlen_fwd(*args):
-    """torch.ops.flash_cuda.varlen_fwd(*args), differentiable in q, k, v."""
-    return _VarlenFwdFunction.apply(*args) if _recorded(*args[:3]) else _ops.varlen_fwd(*args)
+fwd = _eager_route("_FwdFunction", _ops.fwd, _fwd_setup_context, _fwd_backward)
+varlen_fwd = _eager_route("_VarlenFwdFunction", _ops.varlen_fwd, _varlen_fwd_setup_context,
+                          _varlen_fwd_backward)
