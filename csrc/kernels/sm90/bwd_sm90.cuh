@@ -42,8 +42,8 @@
 // Everything around it is the sm80 backward's (sm80/bwd_steps.cuh): the preprocess (D), the
 // dq_accum -> dq conversion, the GQA dk / dv sums; workspaces and params as bwd_launch.cuh says.
 // deterministic=True (d128; d256 in bwd_sm90_wide.cuh): the dQ additions of the CTAs take turns
-// per query block (DqTurns below); at d128 the turn passes on once the block's TMA reductions
-// are complete. Not here (the launcher keeps these on sm80): softcap,
+// per query block (DqTurns below); the turn passes on once the block's TMA reductions are
+// complete. Not here (the launcher keeps these on sm80): softcap,
 // dropout, deterministic at d64, head dims other than 64 / 128 / 256 (d256:
 // bwd_sm90_wide.cuh, which shares this file's traits and pieces). Grid (key blocks, b, h).
 #pragma once
@@ -107,16 +107,15 @@ struct BwdSm90Traits {
     static constexpr int kDSBuffers = kDqDeferred ? 3 : (kDqSplitN ? 2 : 1);
     static constexpr int kPBuffers = kWide ? 2 : 0;
 
-    // dQ by TMA reductions (d64 / d128; bwd_sm90_host.h bwd_sm90_dq_by_tma): each consumer
-    // warpgroup stages its 64 queries x 64 columns of dQ in fp32 (two boxes of 32 columns x 64
-    // rows, 128-byte swizzle) and one of its threads adds them to dq_accum with
-    // cp.reduce.async.bulk.tensor, instead of 16 red.global per thread. One buffer per warpgroup
-    // where dQ is split by columns (d128: the named barrier before each dQ GEMM also says that
-    // the previous reductions have read it), two at d64. The wide kernel (d256) has no room:
-    // red.global.
-    static constexpr bool kDqByTma = !kWide;
+    // dQ by TMA reductions: each consumer warpgroup stages its 64 queries x 64 columns of dQ in
+    // fp32 (two boxes of 32 columns x 64 rows, 128-byte swizzle) and one of its threads adds
+    // them to dq_accum with cp.reduce.async.bulk.tensor, instead of 16 red.global per thread.
+    // Buffers of their own at d64 / d128: one per warpgroup where dQ is split by columns (d128:
+    // the named barrier before each dQ GEMM also says that the previous reductions have read
+    // it), two at d64. The wide kernel (d256) has no room for them: it stages in the consumed
+    // Q and dO tiles (bwd_sm90_wide.cuh).
     static constexpr int kDqBoxBytes = BlockM * 128;
-    static constexpr int kDqBuffers = kDqByTma ? (kDqSplitN ? 1 : 2) : 0;  // per warpgroup
+    static constexpr int kDqBuffers = kWide ? 0 : (kDqSplitN ? 1 : 2);  // per warpgroup
     static constexpr int kDqBufferBytes = 2 * kDqBoxBytes;
 
     static constexpr int kSmemKOffset = 0;
@@ -454,26 +453,6 @@ __device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[32], uint32_t a_ro
     ptx90::wgmma_commit();
 }
 
-// dq_accum[m0 .., 64 slab ..] += acc_dq (issue_dq_slab's, landed): rows = queries m0 + 16 w + g
-// (+ 8), columns 8 nt + 2 q (+ 1); added with red.global.add.v2.f32, rows past seqlen_q skipped.
-// The wide kernel's (d256); this file's stages dQ for TMA reductions (stage_dq_slab).
-template <int kHeadDim>
-__device__ __forceinline__ void add_dq_slab(const float (&acc_dq)[32], float* dq_head, int m0,
-                                            int seqlen_q, int slab, int t) {
-    const int lane = t % 32, g = lane / 4, q = lane % 4;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int query = m0 + 16 * (t / 32) + g + 8 * half;
-        if (query >= seqlen_q) continue;
-        float* dq_row = dq_head + static_cast<int64_t>(query) * kHeadDim + 64 * slab + 2 * q;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            ptx::red_add_f32x2(dq_row + 8 * nt, acc_dq[4 * nt + 2 * half],
-                               acc_dq[4 * nt + 2 * half + 1]);
-        }
-    }
-}
-
 // acc_dq (issue_dq_slab's, landed) into a staged-dQ buffer: 64 rows x 64 fp32 columns as two
 // boxes of 32 columns (kDqBoxBytes apart), each row 128 bytes with the 128-byte swizzle (16-byte
 // chunk j of row r at j ^ (r % 8), the layout the TMA reads for an fp32 box of 32 columns). Row
@@ -597,7 +576,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int dq_slab = Traits::kDqSplitN ? c : 0;
     const int dq_row0 = static_cast<int>(seq.acc_row0);
     const bool ordered = Traits::kDqSplitN && turns.sem != nullptr;  // deterministic
-    static_assert(Traits::kDqByTma, "dQ by TMA reductions (the wide kernel: red.global)");
 
     float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];  // wgmma layout, rows = the warp's keys
 #pragma unroll

@@ -40,17 +40,11 @@ inline bool bwd_sm90_ordered_kernel(const BwdParams& p) {
     return p.deterministic || env_choice("FLASH_CUDA_SM90_BWD_PINGPONG") == EnvChoice::kOff;
 }
 
-// Whether the main kernel adds its dQ to dq_accum by TMA reductions from shared memory
-// (bwd_sm90.cuh kDqByTma: head dims 64 and 128) rather than by red.global from the registers
-// (the wide kernel, d256).
-inline bool bwd_sm90_dq_by_tma(const BwdParams& p) { return p.d <= 128; }
-
-// The dQ accumulator as a 2-D fp32 map: its rows (b h seqlen_q_rounded, or varlen h total_q)
-// of d columns, boxes of 32 columns x box_rows rows with the 128-byte swizzle (the layout the
-// kernel stages dQ in); zeroed where bwd_sm90_dq_by_tma does not hold.
+// The dQ accumulator as a 2-D fp32 map, for the main kernels' TMA reductions: its rows (b h
+// seqlen_q_rounded, or varlen h total_q) of d columns, boxes of 32 columns x box_rows rows with
+// the 128-byte swizzle (the layout the kernels stage dQ in).
 inline int make_dq_accum_map(const BwdParams& p, uint32_t box_rows, CUtensorMap* map) {
     *map = CUtensorMap{};
-    if (!bwd_sm90_dq_by_tma(p)) return 0;
     const bool varlen = p.cu_seqlens_q != nullptr;
     const int64_t rows = varlen ? static_cast<int64_t>(p.h) * p.total_q
                                 : static_cast<int64_t>(p.b) * p.h * p.seqlen_q_rounded;

@@ -14,14 +14,20 @@
 //                                          halves are needed by both warpgroups
 //   dV[:, 128 c..] += P^T dO[:, 128 c..]   wgmma SS (n128): A = P^T rows (K-major), B = dO
 //   dK[:, 128 c..] += dS^T Q[:, 128 c..]   MN-major from slab 2 c
-//   dQ[:, 128 c..] = dS K[:, 128 c..]      two 64-column slabs over all 64 keys, added to
-//                                          dq_accum by red.global (no shared memory left for
-//                                          bwd_sm90.cuh's TMA reductions): one fp32 reduction
-//                                          per dq_accum element per CTA
+//   dQ[:, 128 c..] = dS K[:, 128 c..]      two 64-column slabs over all 64 keys, staged in fp32
+//                                          and added to dq_accum by TMA reductions: one per
+//                                          dq_accum element per CTA
 // The double buffer of P^T / dS^T: a warpgroup writes buffer (it + 1) % 2 while the other may
 // still read buffer it % 2; it cannot write buffer it % 2 again before the other warpgroup has
 // reached the named barrier of it + 1, which it does after its last read of it % 2 (wgmma
 // wait 0 of its dQ).
+// Staged dQ: no shared memory is left for bwd_sm90.cuh's staging buffers, so a warpgroup stages
+// its two dQ slabs (2 x 16 KB) in its own half of the stage's Q and dO tiles (slabs 2 c, 2 c + 1
+// of each): after the named barrier both warpgroups' S^T / dP^T GEMMs, the only readers of the
+// other half, have landed, and after its dV / dK GEMMs nothing reads its half. The stage goes
+// back to the producer only once the reductions have read the staging: thread 0 of each
+// warpgroup arrives on the stage's empty barrier in the next iteration (bulk_wait_group_read
+// under that iteration's S^T / dP^T GEMMs), the other consumer threads as before.
 #pragma once
 
 #include "kernels/sm90/bwd_sm90.cuh"
@@ -36,7 +42,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                              const __grid_constant__ CUtensorMap k_map,
                              const __grid_constant__ CUtensorMap v_map,
                              const __grid_constant__ CUtensorMap do_map,
-                             const __grid_constant__ CUtensorMap /*dq_map: unused, red.global*/) {
+                             const __grid_constant__ CUtensorMap dq_map) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap();  // no body outside sm_90a (see fwd_sm90.cuh)
 #else
@@ -75,9 +81,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int key_row0 = 16 * (t / 32);  // the warp's first key in the block
     const float score_log2 = params.scale_softmax_log2;
     const float alibi_slope_log2 = HasAlibi ? sm80::bwd_alibi_slope_log2(params, batch, head) : 0.f;
-    float* const dq_head = sm80::bwd_dq_head<kHeadDim>(params, seq);
     const DqTurns turns = DqTurns::make(params, batch, head, seq.seqlen_q);  // deterministic
     const bool elected = c == 0 && t == 0;
+    // dq_accum's row of query 0 (the TMA's row coordinate, below 2^31: make_dq_accum_map).
+    const int dq_row0 = static_cast<int>(seq.acc_row0);
+    // The warpgroup's barrier (3 or 4), its id a constant.
+    auto warpgroup_sync = [&] {
+        if (c == 0) {
+            ptx90::named_barrier_sync(3, 128);
+        } else {
+            ptx90::named_barrier_sync(4, 128);
+        }
+    };
 
     float acc_dk[kHalfD / 2], acc_dv[kHalfD / 2];  // wgmma layout: the warp's 16 keys x 128
 #pragma unroll
@@ -133,6 +148,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                                              m0 + kCols * c));
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dp);
+        if (it > 0 && t == 0) {  // the previous stage's staged dQ has been read: release it
+            ptx90::bulk_wait_group_read<0>();
+            ptx90::mbarrier_arrive(smem.empty_q((it - 1) % kStages));
+        }
         probs_to_dscores<kCols>(dp_frag, s_frag, smem.dsum(stage) + column_bytes);
         sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
         sm80::convert_p_to_a_fragments<Element, PTile>(ds_frag, dp_frag);
@@ -166,25 +185,52 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dv);
         ptx90::fence_operand(acc_dk);
-        ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
+        // Q, dO, lse, D of this stage consumed; thread 0 arrives once the staged dQ is read.
+        if (t != 0) ptx90::mbarrier_arrive(smem.empty_q(stage));
 
-        // dQ = dS K on this warpgroup's two slabs, over all 64 keys of the block.
-        if (turns.sem != nullptr) {
-            turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
-        }
+        // dQ = dS K on this warpgroup's two slabs, over all 64 keys of the block, staged in its
+        // half of the stage's Q (slab 2 c) and dO (slab 2 c + 1) tiles: 64 rows x 64 fp32
+        // columns each, as two boxes of 32 columns (bwd_sm90.cuh stage_dq_slab).
+        const bool ordered = turns.sem != nullptr;  // deterministic
+        if (ordered) turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
+        float acc_dq[kSlabsPerWarpgroup][32];
 #pragma unroll
         for (int i = 0; i < kSlabsPerWarpgroup; ++i) {
             const int slab = kSlabsPerWarpgroup * c + i;
-            float acc_dq[32];
             issue_dq_slab<Element, kBlockN / 16>(
-                acc_dq, ds_rows,
+                acc_dq[i], ds_rows,
                 smem.k() + ptx::opaque(static_cast<uint32_t>(slab * Traits::kKVSlabBytes)));
-            ptx90::wgmma_wait<0>();
-            ptx90::fence_operand(acc_dq);
-            add_dq_slab<kHeadDim>(acc_dq, dq_head, m0, seq.seqlen_q, slab, t);
         }
-        if (turns.sem != nullptr) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
+        const uint32_t half_offset = static_cast<uint32_t>(kSlabsPerWarpgroup * c * Traits::kQSlabBytes);
+        const uint32_t dq_stage[kSlabsPerWarpgroup] = {smem.q(stage) + half_offset,
+                                                        smem.d_o(stage) + half_offset};
+        ptx90::wgmma_wait<1>();
+        ptx90::fence_operand(acc_dq[0]);
+        stage_dq_slab<Traits::kDqBoxBytes>(acc_dq[0], dq_stage[0], t);
+        ptx90::wgmma_wait<0>();
+        ptx90::fence_operand(acc_dq[1]);
+        stage_dq_slab<Traits::kDqBoxBytes>(acc_dq[1], dq_stage[1], t);
+        ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
+        warpgroup_sync();
+        if (t == 0) {
+            const int row = dq_row0 + m0;
+#pragma unroll
+            for (int i = 0; i < kSlabsPerWarpgroup; ++i) {
+                const int column = 64 * (kSlabsPerWarpgroup * c + i);
+                ptx90::tma_reduce_add_2d(&dq_map, dq_stage[i], column, row);
+                ptx90::tma_reduce_add_2d(&dq_map, dq_stage[i] + Traits::kDqBoxBytes, column + 32,
+                                         row);
+            }
+            ptx90::bulk_commit_group();
+            if (ordered) {  // complete (and visible) before the turn's release
+                ptx90::bulk_wait_group<0>();
+                ptx90::fence_proxy_async_global();
+            }
+        }
+        if (ordered) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
     }
+    // The staged dQ must outlive its reductions' reads (the last stage is not released).
+    if (t == 0) ptx90::bulk_wait_group<0>();
     if (turns.sem != nullptr && elected) {  // deterministic: the query blocks after this CTA's
         turns.pass_range(n_iters > 0 ? blocks.max : 0, turns.n_blocks);
     }
