@@ -96,7 +96,7 @@ struct BwdSm90Traits {
     // a named barrier per query block), so each dq_accum element gets one reduction per CTA
     // instead of two. Otherwise (d64) each warpgroup reduces its own 64 keys' share of all
     // columns.
-    static constexpr bool kDqSplitN = HeadDim >= 128;
+    static constexpr bool kDqSplitN = true;  // EXPERIMENT d64 split
     // Split by columns with pingpong (d128): a warpgroup's dQ GEMM of query block m waits for
     // the other's dS^T of m, written in the other's softmax step, which runs under this one's
     // GEMMs; so the dQ GEMM of block m is issued with block m + 1's dV and dK, when the turns
@@ -116,7 +116,11 @@ struct BwdSm90Traits {
     // Q and dO tiles (bwd_sm90_wide.cuh).
     static constexpr int kDqBoxBytes = BlockM * 128;
     static constexpr int kDqBuffers = kWide ? 0 : (kDqSplitN ? 1 : 2);  // per warpgroup
-    static constexpr int kDqBufferBytes = 2 * kDqBoxBytes;
+    // Columns of dQ per consumer warpgroup where split by columns (d64: 32, d128: 64; wide: in
+    // 64-column slabs) and the staging boxes of 32 columns they make.
+    static constexpr int kDqCols = kWide ? 64 : HeadDim / kConsumerWarpgroups;
+    static constexpr int kDqBoxes = kDqCols / 32;
+    static constexpr int kDqBufferBytes = kDqBoxes * kDqBoxBytes;
 
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kKVBytes;
@@ -436,8 +440,8 @@ __device__ __forceinline__ void store_key_rows(uint32_t rows, const uint32_t (&f
 // (MN-major: k = keys, 16 of them = 2048 bytes per step), B = the K slab's rows at b_rows
 // (MN-major). Issued and committed, not waited for: this file's kernel issues it right behind dV
 // and dK (the tensor cores go on from one to the other); the wide kernel waits for it at once.
-template <typename Element, int kKSteps>
-__device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[32], uint32_t a_rows,
+template <typename Element, int kKSteps, int kN = 64>
+__device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[kN / 2], uint32_t a_rows,
                                               uint32_t b_rows) {
     ptx90::fence_operand(acc_dq);
     ptx90::wgmma_fence();
@@ -445,7 +449,7 @@ __device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[32], uint32_t a_ro
     const uint64_t desc_b = ptx90::make_smem_desc_sw128(b_rows);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
-        ptx90::wgmma_ss<64, Element, true, true>(acc_dq,
+        ptx90::wgmma_ss<kN, Element, true, true>(acc_dq,
                                                  ptx90::smem_desc_advance(desc_a, 2048 * kk),
                                                  ptx90::smem_desc_advance(desc_b, 2048 * kk),
                                                  kk > 0);
@@ -458,15 +462,16 @@ __device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[32], uint32_t a_ro
 // chunk j of row r at j ^ (r % 8), the layout the TMA reads for an fp32 box of 32 columns). Row
 // 16 w + g (+ 8), columns 8 nt + 2 q (+ 1): a warp's 8-byte stores of one (nt, half) cover 256
 // distinct bytes (two wavefronts).
-template <int kDqBoxBytes>
-__device__ __forceinline__ void stage_dq_slab(const float (&acc_dq)[32], uint32_t buffer, int t) {
+template <int kDqBoxBytes, int kN = 64>
+__device__ __forceinline__ void stage_dq_slab(const float (&acc_dq)[kN / 2], uint32_t buffer,
+                                              int t) {
     const int lane = t % 32, g = lane / 4, q = lane % 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = 16 * (t / 32) + g + 8 * half;
         const uint32_t row_addr = buffer + row * 128 + 8 * (q % 2);
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
+        for (int nt = 0; nt < kN / 8; ++nt) {
             const int chunk = 2 * (nt % 4) + q / 2;
             ptx::st_shared_f32x2(row_addr + (nt / 4) * kDqBoxBytes + ((chunk ^ g) << 4),
                                  acc_dq[4 * nt + 2 * half], acc_dq[4 * nt + 2 * half + 1]);
@@ -625,25 +630,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return smem.ds(Traits::kDSBuffers > 1 ? it % Traits::kDSBuffers : 0);
     };
     // dQ split by columns: slab c of the it-th query block over all kBlockN keys.
-    auto issue_dq_split = [&](float (&acc_dq)[32], int it) {
-        issue_dq_slab<Element, kBlockN / 16>(
-            acc_dq, ds_buffer(it), smem.k() + c * Traits::kKVSlabBytes);
+    constexpr int kDqCols = Traits::kDqCols;
+    auto issue_dq_split = [&](float (&acc_dq)[kDqCols / 2], int it) {
+        // Column kDqCols c of K: slab c (d128) or 64 bytes into the one slab (d64).
+        const uint32_t k_columns = (kDqCols * c / 64) * Traits::kKVSlabBytes +
+                                   2 * (kDqCols * c % 64);
+        issue_dq_slab<Element, kBlockN / 16, kDqCols>(acc_dq, ds_buffer(it),
+                                                      smem.k() + k_columns);
     };
     // acc_dq (landed) of the query block at m0 -> `buffer`, then one thread of the warpgroup
     // issues the two boxes' reductions. Two buffers (d64): the reductions of the previous
     // block, into the other buffer, have read it before the barrier below, so the next block
     // may write it (one buffer: the caller has waited). `complete` (deterministic): this
     // block's reductions are complete (and ordered before the turn's release) on return.
-    auto reduce_dq = [&](const float (&acc_dq)[32], uint32_t buffer, int m0, bool complete) {
-        stage_dq_slab<Traits::kDqBoxBytes>(acc_dq, buffer, t);
+    auto reduce_dq = [&](const float (&acc_dq)[kDqCols / 2], uint32_t buffer, int m0,
+                         bool complete) {
+        stage_dq_slab<Traits::kDqBoxBytes, kDqCols>(acc_dq, buffer, t);
         ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
         if (kDqBuffers > 1 && t == 0) ptx90::bulk_wait_group_read<0>();
         warpgroup_sync();
         if (t == 0) {
             const int row = dq_row0 + m0;
-            ptx90::tma_reduce_add_2d(&dq_map, buffer, 64 * dq_slab, row);
-            ptx90::tma_reduce_add_2d(&dq_map, buffer + Traits::kDqBoxBytes, 64 * dq_slab + 32,
-                                     row);
+#pragma unroll
+            for (int box = 0; box < Traits::kDqBoxes; ++box) {
+                ptx90::tma_reduce_add_2d(&dq_map, buffer + box * Traits::kDqBoxBytes,
+                                         kDqCols * dq_slab + 32 * box, row);
+            }
             ptx90::bulk_commit_group();
             if (complete) {
                 ptx90::bulk_wait_group<0>();
@@ -743,7 +755,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // dQ = dS K, 64 columns (32 accumulators beside dK and dV). Split by columns (d128):
         // slab c over all kBlockN keys, both warpgroups' dS^T rows (written and fenced for the
         // async proxy); else (d64) this warpgroup's own 64 keys.
-        float acc_dq[32];
+        float acc_dq[kDqCols / 2];
         const uint32_t dq_buffer = smem.dq(c, kDqBuffers > 1 ? it % kDqBuffers : 0);
         if constexpr (Traits::kDqDeferred) {
             // The dQ GEMM of block it - 1 (both warpgroups' dS^T rows of it are written: see
@@ -789,7 +801,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
     if constexpr (Traits::kDqDeferred) {  // the last block's dQ (its dS^T written: the turns)
         if (n_iters > 0) {
-            float acc_dq[32];
+            float acc_dq[kDqCols / 2];
             issue_dq_split(acc_dq, n_iters - 1);
             if (t == 0) ptx90::bulk_wait_group_read<0>();
             warpgroup_sync();  // the staged-dQ buffer has been read
