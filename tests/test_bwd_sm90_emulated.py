@@ -1,8 +1,8 @@
 """The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh, bwd_sm90_wide.cuh) on the CPU emulator's
 Hopper instructions (tests/emulation/kernels/sm90), with the sm80 backward's preprocess and convert
 kernels around it, against the fp64 oracle (tests/emulation/check_bwd.py: the 3x rule of DESIGN.md
-section 9). Each case is one the kernels cover (head dim 64 / 128 / 256, no softcap, dropout or
-deterministic mode) and asserts it ran."""
+section 9). Each case is one the kernels cover (head dim 64 / 128 / 256, no softcap or dropout)
+and asserts it ran."""
 
 from __future__ import annotations
 
@@ -47,10 +47,11 @@ CASES = [
     ((F16, 256, 300, 200, True, (-1, -1), 4, 2), {}),
     ((BF16, 256, 150, 260, False, (50, 3), 2, 1), {"alibi": True, "transpose": True}),
     ((F16, 256, 0, 0, True, (-1, -1), 2, 1), {"varlen_lens": [(1, 70), (130, 65), (40, 1)]}),
-    # deterministic (d128 / d256): dQ turns through the semaphores; the emulator also checks that
+    # deterministic: dQ turns through the semaphores; the emulator also checks that
     # every CTA passed every query block on (bwd_emulated.cpp).
     ((BF16, 128, 300, 600, True, (-1, -1), 2, 1), {"deterministic": True, "splits": 3}),
     ((F16, 256, 200, 150, False, (40, 7), 2, 2), {"deterministic": True}),
+    ((BF16, 64, 203, 300, True, (-1, -1), 2, 1), {"deterministic": True, "alibi": True}),
     ((BF16, 128, 0, 0, True, (-1, -1), 2, 2), {"varlen_lens": [(70, 20), (1, 150), (130, 300)],
                                                "deterministic": True}),
 ]
@@ -60,7 +61,7 @@ CASES = [
 def test_bwd_emulated_sm90(args, kwargs):
     ok, msg = check_bwd.check(*args, sm90=True, **kwargs)
     assert "sm90 backward" in bwd_driver.LAST_STDOUT, "the sm90 backward kernel did not run"
-    # pingpong at d64 / d128 unless deterministic (d128: the ordered kernel); d256 never
+    # pingpong at d64 / d128 unless deterministic (the ordered kernel); d256 never
     pingpong = args[1] <= 128 and not kwargs.get("deterministic", False)
     assert ("sm90 backward, pingpong" in bwd_driver.LAST_STDOUT) == pingpong, bwd_driver.LAST_STDOUT
     assert ok, msg
@@ -70,7 +71,7 @@ def test_bwd_emulated_sm90(args, kwargs):
                                   (BF16, 128, 300, 600, False, (40, 7), 2, 2)],
                          ids=lambda x: str(x))
 def test_bwd_emulated_without_pingpong_sm90(args, monkeypatch):
-    """FLASH_CUDA_SM90_BWD_PINGPONG=0: the kernels without pingpong (at d128 deterministic=True's,
+    """FLASH_CUDA_SM90_BWD_PINGPONG=0: the kernels without pingpong (deterministic=True's,
     dQ right behind dV / dK with a barrier between the warpgroups) on calls that are not
     deterministic."""
     monkeypatch.setenv("FLASH_CUDA_SM90_BWD_PINGPONG", "0")

@@ -1,6 +1,6 @@
 """The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh and, d256, bwd_sm90_wide.cuh: TMA, mbarriers,
 wgmma) on an sm_90 GPU: the backward GPU tests of test_bwd_gpu.py that it covers (head dims 64, 128
-and 256, no softcap, no dropout; deterministic at 128 and 256), run with FLASH_CUDA_SM90=1 (which
+and 256, no softcap, no dropout; deterministic too), run with FLASH_CUDA_SM90=1 (which
 also runs the sm90 forward where it covers the call), same oracle and 3x rule. Every test also
 checks with the profiler that an sm90 backward kernel ran."""
 
@@ -72,8 +72,8 @@ def test_varlen_bwd_sm90(d, feature, dtype, ratio):
     base.run_varlen_case(dtype, d, feature, ratio, seed=d * 10 + base.FEATURES.index(feature))
 
 
-# The kernels without pingpong (deterministic=True's at d128; at d64 the one the launcher keeps
-# for that switch) on calls that are not deterministic: FLASH_CUDA_SM90_BWD_PINGPONG=0.
+# The kernels without pingpong (deterministic=True's) on calls that are not deterministic:
+# FLASH_CUDA_SM90_BWD_PINGPONG=0.
 @pytest.mark.parametrize("d,mask,ratio", [(64, "causal", 4), (128, "plain", 1),
                                           (128, "window", 4)])
 def test_bwd_without_pingpong_sm90(d, mask, ratio, monkeypatch):
@@ -81,19 +81,19 @@ def test_bwd_without_pingpong_sm90(d, mask, ratio, monkeypatch):
     base.run_case(torch.bfloat16, d, 113, 203, mask, ratio)
 
 
-# deterministic=True at d128 / d256: the CTAs' dQ additions ordered by semaphores (DqTurns).
-@pytest.mark.parametrize("d,feature", [(128, "causal"), (128, "window"), (256, "plain"),
-                                       (256, "alibi")])
+# deterministic=True: the CTAs' dQ additions ordered by semaphores (DqTurns).
+@pytest.mark.parametrize("d,feature", [(64, "plain"), (64, "window"), (128, "causal"),
+                                       (128, "window"), (256, "plain"), (256, "alibi")])
 def test_deterministic_bitwise_sm90(d, feature):
     base.test_deterministic_bitwise(d, feature)
 
 
-@pytest.mark.parametrize("d", (128, 256))
+@pytest.mark.parametrize("d", (64, 128, 256))
 def test_varlen_deterministic_bitwise_sm90(d):
     base.test_varlen_deterministic_bitwise(d)
 
 
-@pytest.mark.parametrize("d,causal", [(128, True), (256, False)])
+@pytest.mark.parametrize("d,causal", [(64, False), (128, True), (256, False)])
 def test_deterministic_many_ctas_sm90(d, causal):
     """Several waves of CTAs (b 2, h 16, 4096 keys: 1024 or 2048 CTAs on 132 SMs) wait on their
     predecessors' dQ turns: no hang, bitwise identical over 5 runs, and close to the

@@ -21,31 +21,30 @@
 //              forward), dS^T = P^T (dP^T - D)
 //       dV  += P^T dO, dK += dS^T Q         wgmma RS, dO / Q MN-major (k = queries)
 //       dS^T -> shared memory (rows = keys, 64 queries per 128-byte row: an MN-major A)
-//       dQ   = dS K                         wgmma SS (n64 per 64-column slab), A and B
-//              MN-major, issued right behind dV and dK; staged in shared memory (fp32, 64 x 64
-//              per warpgroup) and added to dq_accum by one thread's cp.reduce.async.bulk.tensor
-//              (.add; the red.global.add.v2.f32 from the registers it replaced held 16-20% of
-//              the consumers' time in register and LSU-queue waits: bench/NOTES.md run 171).
-//              d128: warpgroup c takes columns 64 c.. over all 128 keys, one reduction per
-//              element; d64: each warpgroup its own 64 keys over all columns, two reductions
-//              per element.
+//       dQ   = dS K                         wgmma SS (n32 at d64, n64 at d128), A and B MN-major,
+//              issued right behind dV and dK; staged in shared memory (fp32, 64 queries x
+//              d / 2 per warpgroup) and added to dq_accum by one thread's
+//              cp.reduce.async.bulk.tensor (.add; the red.global.add.v2.f32 from the registers
+//              it replaced held 16-20% of the consumers' time in register and LSU-queue waits:
+//              bench/NOTES.md run 171). Warpgroup c takes columns d / 2 c .. over all 128 keys
+//              (both warpgroups' dS^T), one reduction per element.
 //     Pingpong (the default kernels; bench/NOTES.md session 35: fwd+bwd 1.04-1.10x at d64,
 //     1.02-1.07x at d128): the S^T / dP^T batch and the dV / dK / dQ batch of each warpgroup
-//     are issued in turn with the other's (named barriers 5 and 6). At d128 the dQ of a query
+//     are issued in turn with the other's (named barriers 5 and 6). The dQ of a query
 //     block needs the other warpgroup's dS^T of it, written in its softmax step, which the turns
 //     put under this warpgroup's GEMMs; so the dQ GEMM of block m is issued in the batch of
 //     block m + 1 (dS^T in three buffers) and the last block's after the loop.
-//     deterministic=True at d128 (OrderedTraits): no pingpong; dQ of block m right behind its
-//     dV / dK (dS^T double-buffered, a named barrier between the warpgroups) in turns.
+//     deterministic=True (OrderedTraits): no pingpong; dQ of block m right behind its dV / dK
+//     (dS^T double-buffered, a named barrier between the warpgroups) in turns.
 //   After the loop: dK (times the softmax scale) and dV to the outputs or, GQA, the fp32
 //   per-query-head workspaces (sm80/bwd_dkv_store.cuh).
 // Everything around it is the sm80 backward's (sm80/bwd_steps.cuh): the preprocess (D), the
 // dq_accum -> dq conversion, the GQA dk / dv sums; workspaces and params as bwd_launch.cuh says.
-// deterministic=True (d128; d256 in bwd_sm90_wide.cuh): the dQ additions of the CTAs take turns
+// deterministic=True (d256 in bwd_sm90_wide.cuh too): the dQ additions of the CTAs take turns
 // per query block (DqTurns below); the turn passes on once the block's TMA reductions are
-// complete. Not here (the launcher keeps these on sm80): softcap,
-// dropout, deterministic at d64, head dims other than 64 / 128 / 256 (d256:
-// bwd_sm90_wide.cuh, which shares this file's traits and pieces). Grid (key blocks, b, h).
+// complete. Not here (the launcher keeps these on sm80): softcap, dropout, head dims other
+// than 64 / 128 / 256 (d256: bwd_sm90_wide.cuh, which shares this file's traits and pieces).
+// Grid (key blocks, b, h).
 #pragma once
 
 #include <cuda.h>
@@ -91,33 +90,29 @@ struct BwdSm90Traits {
     static constexpr int kQBytes = kSlabs * kQSlabBytes;
     // dS^T (and, wide, P^T): BlockN key rows of BlockM = 64 queries (128 bytes).
     static constexpr int kDSBytes = BlockN * 128;
-    // dQ split by columns (d128, wide): warpgroup c computes columns 64 c .. 64 c + 63 (wide:
-    // 128 c ..) over all keys of the block, reading both warpgroups' dS^T rows (double-buffered,
-    // a named barrier per query block), so each dq_accum element gets one reduction per CTA
-    // instead of two. Otherwise (d64) each warpgroup reduces its own 64 keys' share of all
-    // columns.
-    static constexpr bool kDqSplitN = true;  // EXPERIMENT d64 split
-    // Split by columns with pingpong (d128): a warpgroup's dQ GEMM of query block m waits for
-    // the other's dS^T of m, written in the other's softmax step, which runs under this one's
-    // GEMMs; so the dQ GEMM of block m is issued with block m + 1's dV and dK, when the turns
-    // say the other's dS^T of m is written. Three dS^T buffers: while one warpgroup writes
-    // block m + 1's, the other's dQ GEMM of block m - 1 (in its batch of block m) may still read
-    // block m - 1's.
-    static constexpr bool kDqDeferred = kDqSplitN && Pingpong;
-    static constexpr int kDSBuffers = kDqDeferred ? 3 : (kDqSplitN ? 2 : 1);
+    // dQ split by columns: warpgroup c computes columns kDqCols c .. (below; wide: 128 c ..)
+    // over all keys of the block, reading both warpgroups' dS^T rows (double-buffered, a named
+    // barrier per query block), so each dq_accum element gets one reduction per CTA (each
+    // warpgroup's own keys over all columns made two: d64 until session 39, bench/NOTES.md).
+    // With pingpong: a warpgroup's dQ GEMM of query block m waits for the other's dS^T of m,
+    // written in the other's softmax step, which runs under this one's GEMMs; so the dQ GEMM of
+    // block m is issued with block m + 1's dV and dK, when the turns say the other's dS^T of m
+    // is written. Three dS^T buffers: while one warpgroup writes block m + 1's, the other's dQ
+    // GEMM of block m - 1 (in its batch of block m) may still read block m - 1's.
+    static constexpr bool kDqDeferred = Pingpong;
+    static constexpr int kDSBuffers = kDqDeferred ? 3 : 2;
     static constexpr int kPBuffers = kWide ? 2 : 0;
 
-    // dQ by TMA reductions: each consumer warpgroup stages its 64 queries x 64 columns of dQ in
-    // fp32 (two boxes of 32 columns x 64 rows, 128-byte swizzle) and one of its threads adds
-    // them to dq_accum with cp.reduce.async.bulk.tensor, instead of 16 red.global per thread.
-    // Buffers of their own at d64 / d128: one per warpgroup where dQ is split by columns (d128:
-    // the named barrier before each dQ GEMM also says that the previous reductions have read
-    // it), two at d64. The wide kernel (d256) has no room for them: it stages in the consumed
-    // Q and dO tiles (bwd_sm90_wide.cuh).
+    // dQ by TMA reductions: each consumer warpgroup stages its 64 queries x kDqCols columns of
+    // dQ in fp32 (boxes of 32 columns x 64 rows, 128-byte swizzle) and one of its threads adds
+    // them to dq_accum with cp.reduce.async.bulk.tensor, instead of red.global per thread. One
+    // buffer per warpgroup at d64 / d128 (the turns or the named barrier before each dQ GEMM
+    // also say that the previous reductions have read it); the wide kernel (d256) has no room
+    // for it and stages in the consumed Q and dO tiles (bwd_sm90_wide.cuh).
     static constexpr int kDqBoxBytes = BlockM * 128;
-    static constexpr int kDqBuffers = kWide ? 0 : (kDqSplitN ? 1 : 2);  // per warpgroup
-    // Columns of dQ per consumer warpgroup where split by columns (d64: 32, d128: 64; wide: in
-    // 64-column slabs) and the staging boxes of 32 columns they make.
+    static constexpr int kDqBuffers = kWide ? 0 : 1;  // per warpgroup
+    // Columns of dQ per consumer warpgroup (d64: 32, d128: 64; wide: its 128 in 64-column slabs)
+    // and the staging boxes of 32 columns they make.
     static constexpr int kDqCols = kWide ? 64 : HeadDim / kConsumerWarpgroups;
     static constexpr int kDqBoxes = kDqCols / 32;
     static constexpr int kDqBufferBytes = kDqBoxes * kDqBoxBytes;
@@ -155,8 +150,8 @@ struct BwdSm90Traits {
     static_assert(!Pingpong || !kWide, "the wide kernel has no pingpong");
 };
 
-// Traits: the default kernel (pingpong at d64 / d128); OrderedTraits: deterministic=True's
-// (dQ split by columns at d128, whose turns need one reduction per element and CTA).
+// Traits: the default kernel (pingpong at d64 / d128); OrderedTraits: deterministic=True's (no
+// pingpong: its turns order each query block's reductions).
 template <int HeadDim>
 struct BwdSm90Config {
     using Traits = BwdSm90Traits<HeadDim, HeadDim <= 128>;
@@ -183,10 +178,9 @@ struct BwdSm90Smem {
     __device__ __forceinline__ uint32_t p(int buffer) const {
         return base + Traits::kSmemPOffset + buffer * Traits::kDSBytes;
     }
-    // Consumer warpgroup c's staged dQ, buffer `buffer`.
-    __device__ __forceinline__ uint32_t dq(int c, int buffer) const {
-        return base + Traits::kSmemDqOffset +
-               (c * Traits::kDqBuffers + buffer) * Traits::kDqBufferBytes;
+    // Consumer warpgroup c's staged dQ.
+    __device__ __forceinline__ uint32_t dq(int c) const {
+        return base + Traits::kSmemDqOffset + c * Traits::kDqBufferBytes;
     }
     __device__ __forceinline__ uint32_t lse(int stage) const {
         return base + Traits::kSmemLseOffset + stage * Traits::kBlockM * 4;
@@ -479,8 +473,8 @@ __device__ __forceinline__ void stage_dq_slab(const float (&acc_dq)[kN / 2], uin
     }
 }
 
-// Deterministic dQ (params.deterministic; head dims whose dQ is split by columns, so one thread
-// per CTA adds to each dq_accum element). The CTAs of one (batch, head) add to the rows of each
+// Deterministic dQ (params.deterministic; dQ is split by columns, so one thread per CTA adds to
+// each dq_accum element). The CTAs of one (batch, head) add to the rows of each
 // 64-query block in a fixed order, their blockIdx.x (key blocks from the last one down,
 // bwd_sm90_key_block): semaphore m of the (batch, head) holds how many of its CTAs are done
 // with query block m. CTA n waits until it reads n, adds, and writes n + 1; a query block it
@@ -546,7 +540,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kStages = Traits::kStages;
-    constexpr int kDqBuffers = Traits::kDqBuffers;
     using PTile = typename Traits::PTile;
     static_assert(!Traits::kWide, "d256: mha_bwd_sm90_wide_kernel");
 
@@ -576,11 +569,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const float alibi_slope_log2 = HasAlibi ? sm80::bwd_alibi_slope_log2(params, batch, head) : 0.f;
     const DqTurns turns = DqTurns::make(params, batch, head, seq.seqlen_q);  // deterministic
     const bool elected = c == 0 && t == 0;
-    // This warpgroup's dQ columns (64 dq_slab .. + 63) and dq_accum's row of query 0 (the TMA's
-    // row coordinate: bwd_sm90_host.h make_dq_accum_map refuses 2^31 rows or more).
-    const int dq_slab = Traits::kDqSplitN ? c : 0;
+    // dq_accum's row of query 0 (the TMA's row coordinate: bwd_sm90_host.h make_dq_accum_map
+    // refuses 2^31 rows or more).
     const int dq_row0 = static_cast<int>(seq.acc_row0);
-    const bool ordered = Traits::kDqSplitN && turns.sem != nullptr;  // deterministic
+    const bool ordered = turns.sem != nullptr;  // deterministic
 
     float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];  // wgmma layout, rows = the warp's keys
 #pragma unroll
@@ -627,9 +619,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
     // dS^T buffer of the it-th query block.
     auto ds_buffer = [&](int it) {
-        return smem.ds(Traits::kDSBuffers > 1 ? it % Traits::kDSBuffers : 0);
+        return smem.ds(it % Traits::kDSBuffers);
     };
-    // dQ split by columns: slab c of the it-th query block over all kBlockN keys.
+    // dQ split by columns: columns kDqCols c .. of the it-th query block over all kBlockN keys.
     constexpr int kDqCols = Traits::kDqCols;
     auto issue_dq_split = [&](float (&acc_dq)[kDqCols / 2], int it) {
         // Column kDqCols c of K: slab c (d128) or 64 bytes into the one slab (d64).
@@ -638,23 +630,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         issue_dq_slab<Element, kBlockN / 16, kDqCols>(acc_dq, ds_buffer(it),
                                                       smem.k() + k_columns);
     };
-    // acc_dq (landed) of the query block at m0 -> `buffer`, then one thread of the warpgroup
-    // issues the two boxes' reductions. Two buffers (d64): the reductions of the previous
-    // block, into the other buffer, have read it before the barrier below, so the next block
-    // may write it (one buffer: the caller has waited). `complete` (deterministic): this
-    // block's reductions are complete (and ordered before the turn's release) on return.
+    // acc_dq (landed) of the query block at m0 -> `buffer` (the caller has seen the previous
+    // reductions read it), then one thread of the warpgroup issues the boxes' reductions.
+    // `complete` (deterministic): this block's reductions are complete (and ordered before the
+    // turn's release) on return.
     auto reduce_dq = [&](const float (&acc_dq)[kDqCols / 2], uint32_t buffer, int m0,
                          bool complete) {
         stage_dq_slab<Traits::kDqBoxBytes, kDqCols>(acc_dq, buffer, t);
         ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
-        if (kDqBuffers > 1 && t == 0) ptx90::bulk_wait_group_read<0>();
         warpgroup_sync();
         if (t == 0) {
             const int row = dq_row0 + m0;
 #pragma unroll
             for (int box = 0; box < Traits::kDqBoxes; ++box) {
                 ptx90::tma_reduce_add_2d(&dq_map, buffer + box * Traits::kDqBoxBytes,
-                                         kDqCols * dq_slab + 32 * box, row);
+                                         kDqCols * c + 32 * box, row);
             }
             ptx90::bulk_commit_group();
             if (complete) {
@@ -752,11 +742,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             ptx90::mbarrier_arrive(smem.empty_q(stage));  // Q, dO, lse, D of this stage consumed
         };
 
-        // dQ = dS K, 64 columns (32 accumulators beside dK and dV). Split by columns (d128):
-        // slab c over all kBlockN keys, both warpgroups' dS^T rows (written and fenced for the
-        // async proxy); else (d64) this warpgroup's own 64 keys.
+        // dQ = dS K, this warpgroup's kDqCols columns (kDqCols / 2 accumulators beside dK and
+        // dV) over all kBlockN keys: both warpgroups' dS^T rows (written and fenced for the
+        // async proxy).
         float acc_dq[kDqCols / 2];
-        const uint32_t dq_buffer = smem.dq(c, kDqBuffers > 1 ? it % kDqBuffers : 0);
+        const uint32_t dq_buffer = smem.dq(c);
         if constexpr (Traits::kDqDeferred) {
             // The dQ GEMM of block it - 1 (both warpgroups' dS^T rows of it are written: see
             // kDqDeferred), then dV and dK. At it = 0 it reads whatever the last dS^T buffer
@@ -776,14 +766,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         } else {
             my_turn();
             issue_dv_dk();
-            if constexpr (Traits::kDqSplitN) {  // ordered (deterministic)
-                // One staged-dQ buffer: its previous reductions have read it before this barrier.
-                if (t == 0) ptx90::bulk_wait_group_read<0>();
-                ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
-                issue_dq_split(acc_dq, it);
-            } else {
-                issue_dq_slab<Element, 64 / 16>(acc_dq, ds_rows, k_rows);
-            }
+            // Both warpgroups' dS^T rows of this block are written past this barrier; the one
+            // staged-dQ buffer's previous reductions have read it.
+            if (t == 0) ptx90::bulk_wait_group_read<0>();
+            ptx90::named_barrier_sync(1, Traits::kConsumerThreads);
+            issue_dq_split(acc_dq, it);
             their_turn();
             ptx90::wgmma_wait<1>();  // dV and dK have landed
             dv_dk_landed();
@@ -807,15 +794,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             warpgroup_sync();  // the staged-dQ buffer has been read
             ptx90::wgmma_wait<0>();
             ptx90::fence_operand(acc_dq);
-            reduce_dq(acc_dq, smem.dq(c, 0), (blocks.min + n_iters - 1) * kBlockM, false);
+            reduce_dq(acc_dq, smem.dq(c), (blocks.min + n_iters - 1) * kBlockM, false);
         }
     }
     // The staged dQ must outlive its reductions' reads.
     if (t == 0) ptx90::bulk_wait_group<0>();
 
-    if constexpr (Traits::kDqSplitN) {  // deterministic: the query blocks after this CTA's
-        if (turns.sem != nullptr && elected) turns.pass_range(n_iters > 0 ? blocks.max : 0,
-                                                              turns.n_blocks);
+    if (turns.sem != nullptr && elected) {  // deterministic: the query blocks after this CTA's
+        turns.pass_range(n_iters > 0 ? blocks.max : 0, turns.n_blocks);
     }
 
     // ---- dK, dV of this warp's 16 keys.
