@@ -8,6 +8,7 @@ explains its ratios.
     PYTHONPATH=. python3 bench/kernel_times.py --decode 1,32768 --flush read
     PYTHONPATH=. python3 bench/kernel_times.py --eager 1,1024
     PYTHONPATH=. python3 bench/kernel_times.py --eager-prefill 128,512,causal
+    PYTHONPATH=. python3 bench/kernel_times.py --host-parts 128,causal
 
 --prefill d,seqlen[,causal]: bf16, batch x seqlen = 16384 tokens, hidden 2048 (ANCHORS grid),
 forward + backward. --decode b,kv_len[,kv_heads]: one query token, 32 query heads (8 KV heads
@@ -133,15 +134,17 @@ def decode(b, kv, hkv=8):
     show(f"decode b{b} kv{kv} h{hq}/{hkv} d{d}{flush}", tables)
 
 
-def per_call_us(fn, calls):
-    """Wall time per call of `calls` back-to-back calls (no sync between them): the host cost
-    where it exceeds the GPU's."""
+def per_call_us(fn, calls, sync_each=False):
+    """Wall time per call of `calls` back-to-back calls (no sync between them unless sync_each):
+    the host cost where it exceeds the GPU's."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
+        if sync_each:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / calls * 1e6
 
@@ -228,6 +231,57 @@ def eager_prefill(d, seqlen, causal, calls=100):
                                     max_name_column_width=60))
 
 
+def host_parts(d, causal, calls=300):
+    """The pieces of an eager fwd+bwd's host cost at batch 1, 1 head, 128 tokens (GPU time a few
+    us): flash_cuda's ops called directly (no autograd), the public forward recorded for
+    autograd, the whole fwd+bwd (also with a sync after each call), the autograd engine's round
+    trip for a trivial op, and the SDPA peers' forward and fwd+bwd; wall us per call."""
+    q, k, v, dout = (torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
+                     for _ in range(4))
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    scale = d ** -0.5
+    fwd_args = (None, 0.0, scale, causal, -1, -1, 0.0, False, None, False)
+    out, lse, _, rng = torch.ops.flash_cuda.fwd(q, k, v, *fwd_args)
+
+    def bwd_op():
+        torch.ops.flash_cuda.bwd(dout, q, k, v, out, lse, None, 0.0, scale, causal, -1, -1, 0.0,
+                                 False, rng)
+
+    def fc_fwdbwd():
+        o = flash_cuda.flash_attn_func(qg, kg, vg, causal=causal)
+        torch.autograd.grad(o, (qg, kg, vg), dout)
+
+    def trivial():
+        torch.autograd.grad(qg * 2.0, (qg,), dout)
+    rows = {"flash_cuda fwd op": per_call_us(lambda: torch.ops.flash_cuda.fwd(q, k, v, *fwd_args),
+                                             calls),
+            "flash_cuda bwd op": per_call_us(bwd_op, calls),
+            "flash_cuda bwd op, sync each": per_call_us(bwd_op, calls, sync_each=True),
+            "flash_cuda public fwd (recorded)": per_call_us(
+                lambda: flash_cuda.flash_attn_func(qg, kg, vg, causal=causal), calls),
+            "flash_cuda fwd+bwd": per_call_us(fc_fwdbwd, calls),
+            "flash_cuda fwd+bwd, sync each": per_call_us(fc_fwdbwd, calls, sync_each=True),
+            "trivial op + autograd.grad": per_call_us(trivial, calls)}
+    qt, kt, vt, dt = (x.transpose(1, 2).contiguous() for x in (q, k, v, dout))
+    qtg, ktg, vtg = (x.detach().requires_grad_() for x in (qt, kt, vt))
+    for name, backend in PEERS.items():
+        def fwd(backend=backend):
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+        def fwdbwd(backend=backend):
+            with sdpa_kernel(backend):
+                o = F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=causal)
+            torch.autograd.grad(o, (qtg, ktg, vtg), dt)
+        with contextlib.suppress(RuntimeError):
+            rows[f"{name} fwd"] = per_call_us(fwd, calls)
+            rows[f"{name} fwd+bwd"] = per_call_us(fwdbwd, calls)
+    print(f"\n### host cost by part, b1 s128 h1 d{d}{' causal' if causal else ''}: wall us per "
+          f"call, {calls} calls")
+    for name, us in rows.items():
+        print(f"{name}: {us:.1f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prefill", action="append", default=[], help="d,seqlen[,causal]")
@@ -235,6 +289,8 @@ def main() -> None:
     p.add_argument("--eager", action="append", default=[], help="batch,kv_len (host cost)")
     p.add_argument("--eager-prefill", action="append", default=[],
                    help="d,seqlen[,causal] (host cost of fwd and fwd+bwd)")
+    p.add_argument("--host-parts", action="append", default=[],
+                   help="d[,causal] (the pieces of a small fwd+bwd's host cost)")
     p.add_argument("--flush", choices=["memset", "read"], default=None,
                    help="flush L2 before every profiled call (decode and prefill tables)")
     args = p.parse_args()
@@ -252,6 +308,9 @@ def main() -> None:
     for spec in args.eager_prefill:
         parts = spec.split(",")
         eager_prefill(int(parts[0]), int(parts[1]), len(parts) > 2 and parts[2] == "causal")
+    for spec in args.host_parts:
+        parts = spec.split(",")
+        host_parts(int(parts[0]), len(parts) > 1 and parts[1] == "causal")
 
 
 if __name__ == "__main__":

@@ -188,9 +188,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Q, dO, lse, D of this stage consumed; thread 0 arrives once the staged dQ is read.
         if (t != 0) ptx90::mbarrier_arrive(smem.empty_q(stage));
 
-        // dQ = dS K on this warpgroup's two slabs, over all 64 keys of the block, staged in its
-        // half of the stage's Q (slab 2 c) and dO (slab 2 c + 1) tiles: 64 rows x 64 fp32
-        // columns each, as two boxes of 32 columns (bwd_sm90.cuh stage_dq_slab).
+        // dQ = dS K on this warpgroup's two slabs (2 c + i), over all 64 keys of the block,
+        // slab i staged in slabs 2 c, 2 c + 1 of the stage's Q (i = 0) or dO (i = 1) tile: 64
+        // rows x 64 fp32 columns = 16 KB, two boxes of 32 columns (bwd_sm90.cuh stage_dq_slab).
         const bool ordered = turns.sem != nullptr;  // deterministic
         if (ordered) turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
         float acc_dq[kSlabsPerWarpgroup][32];
@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 acc_dq[i], ds_rows,
                 smem.k() + ptx::opaque(static_cast<uint32_t>(slab * Traits::kKVSlabBytes)));
         }
-        const uint32_t half_offset = static_cast<uint32_t>(kSlabsPerWarpgroup * c * Traits::kQSlabBytes);
+        const uint32_t half_offset =
+            static_cast<uint32_t>(kSlabsPerWarpgroup * c * Traits::kQSlabBytes);
         const uint32_t dq_stage[kSlabsPerWarpgroup] = {smem.q(stage) + half_offset,
                                                         smem.d_o(stage) + half_offset};
         ptx90::wgmma_wait<1>();
