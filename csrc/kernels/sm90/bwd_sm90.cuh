@@ -430,10 +430,12 @@ __device__ __forceinline__ void store_key_rows(uint32_t rows, const uint32_t (&f
     }
 }
 
-// dQ = dS K over 16 kKSteps keys, one 64-column slab (32 accumulators): A = dS^T rows at a_rows
+// dQ = dS K over 16 kKSteps keys, kN columns (kN / 2 accumulators): A = dS^T rows at a_rows
 // (MN-major: k = keys, 16 of them = 2048 bytes per step), B = the K slab's rows at b_rows
-// (MN-major). Issued and committed, not waited for: this file's kernel issues it right behind dV
-// and dK (the tensor cores go on from one to the other); the wide kernel waits for it at once.
+// (MN-major; d64's n32 starts 64 bytes into the slab's 128-byte rows, the swizzle applying to
+// the absolute address). Issued and committed, not waited for: this file's kernel issues it
+// right behind dV and dK (the tensor cores go on from one to the other); the wide kernel
+// stages its first slab while the second runs.
 template <typename Element, int kKSteps, int kN = 64>
 __device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[kN / 2], uint32_t a_rows,
                                               uint32_t b_rows) {
@@ -451,7 +453,7 @@ __device__ __forceinline__ void issue_dq_slab(float (&acc_dq)[kN / 2], uint32_t 
     ptx90::wgmma_commit();
 }
 
-// acc_dq (issue_dq_slab's, landed) into a staged-dQ buffer: 64 rows x 64 fp32 columns as two
+// acc_dq (issue_dq_slab's, landed) into a staged-dQ buffer: 64 rows x kN fp32 columns as kN / 32
 // boxes of 32 columns (kDqBoxBytes apart), each row 128 bytes with the 128-byte swizzle (16-byte
 // chunk j of row r at j ^ (r % 8), the layout the TMA reads for an fp32 box of 32 columns). Row
 // 16 w + g (+ 8), columns 8 nt + 2 q (+ 1): a warp's 8-byte stores of one (nt, half) cover 256
