@@ -182,6 +182,25 @@ def eager(b, kv, calls=200):
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14, max_name_column_width=60))
 
 
+def peer_calls(q, k, v, dout, causal):
+    """{peer: (fwd, fwd+bwd)}: SDPA calls of each PEERS backend on (b, h, s, d) copies of the
+    (b, s, h, d) inputs, the fwd+bwd through torch.autograd.grad."""
+    qt, kt, vt, dt = (x.transpose(1, 2).contiguous() for x in (q, k, v, dout))
+    qtg, ktg, vtg = (x.detach().requires_grad_() for x in (qt, kt, vt))
+    calls = {}
+    for name, backend in PEERS.items():
+        def fwd(backend=backend):
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+        def fwdbwd(backend=backend):
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=causal)
+            torch.autograd.grad(out, (qtg, ktg, vtg), dt)
+        calls[name] = (fwd, fwdbwd)
+    return calls
+
+
 def eager_prefill(d, seqlen, causal, calls=100):
     """Host cost of eager prefill calls: wall us per call, back to back, of the forward and of
     forward + backward (torch.autograd.grad, as bench_attention.py), flash_cuda against the SDPA
@@ -207,17 +226,7 @@ def eager_prefill(d, seqlen, causal, calls=100):
         rows = {"flash_cuda": (per_call_us(lambda: flash_cuda.flash_attn_func(
             q, k, v, causal=causal), calls), per_call_us(fc_fwdbwd, calls)),
             "flash_cuda via op autograd": (float("nan"), per_call_us(op_fwdbwd, calls))}
-        qt, kt, vt, dt = (x.transpose(1, 2).contiguous() for x in (q, k, v, dout))
-        qtg, ktg, vtg = (x.detach().requires_grad_() for x in (qt, kt, vt))
-        for name, backend in PEERS.items():
-            def fwd(backend=backend):
-                with sdpa_kernel(backend):
-                    F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
-            def fwdbwd(backend=backend):
-                with sdpa_kernel(backend):
-                    out = F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=causal)
-                torch.autograd.grad(out, (qtg, ktg, vtg), dt)
+        for name, (fwd, fwdbwd) in peer_calls(q, k, v, dout, causal).items():
             with contextlib.suppress(RuntimeError):
                 rows[name] = (per_call_us(fwd, calls), per_call_us(fwdbwd, calls))
         print(f"b{bb} s{ss} h{hh}: " + "; ".join(
@@ -262,17 +271,7 @@ def host_parts(d, causal, calls=300):
             "flash_cuda fwd+bwd": per_call_us(fc_fwdbwd, calls),
             "flash_cuda fwd+bwd, sync each": per_call_us(fc_fwdbwd, calls, sync_each=True),
             "trivial op + autograd.grad": per_call_us(trivial, calls)}
-    qt, kt, vt, dt = (x.transpose(1, 2).contiguous() for x in (q, k, v, dout))
-    qtg, ktg, vtg = (x.detach().requires_grad_() for x in (qt, kt, vt))
-    for name, backend in PEERS.items():
-        def fwd(backend=backend):
-            with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
-        def fwdbwd(backend=backend):
-            with sdpa_kernel(backend):
-                o = F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=causal)
-            torch.autograd.grad(o, (qtg, ktg, vtg), dt)
+    for name, (fwd, fwdbwd) in peer_calls(q, k, v, dout, causal).items():
         with contextlib.suppress(RuntimeError):
             rows[f"{name} fwd"] = per_call_us(fwd, calls)
             rows[f"{name} fwd+bwd"] = per_call_us(fwdbwd, calls)
