@@ -475,6 +475,38 @@ __device__ __forceinline__ void stage_dq_slab(const float (&acc_dq)[kN / 2], uin
     }
 }
 
+// Thread 0 of a consumer warpgroup, after stage_dq_slab, the async-proxy fence and
+// consumer_warpgroup_sync: the TMA reductions of the kN / 32 staged boxes at `buffer` into
+// dq_accum from (row, column). Not committed (commit_dq_reductions).
+template <int kDqBoxBytes, int kN = 64>
+__device__ __forceinline__ void issue_dq_reductions(const CUtensorMap* dq_map, uint32_t buffer,
+                                                    int column, int row) {
+#pragma unroll
+    for (int box = 0; box < kN / 32; ++box) {
+        ptx90::tma_reduce_add_2d(dq_map, buffer + box * kDqBoxBytes, column + 32 * box, row);
+    }
+}
+
+// The same thread: commits the reductions issued; `complete` (deterministic): they are complete
+// and visible (ordered before the turn's release) on return.
+__device__ __forceinline__ void commit_dq_reductions(bool complete) {
+    ptx90::bulk_commit_group();
+    if (complete) {
+        ptx90::bulk_wait_group<0>();
+        ptx90::fence_proxy_async_global();
+    }
+}
+
+// Consumer warpgroup c's own barrier (3 or 4), its id a constant (a register id costs a
+// register).
+__device__ __forceinline__ void consumer_warpgroup_sync(int c) {
+    if (c == 0) {
+        ptx90::named_barrier_sync(3, 128);
+    } else {
+        ptx90::named_barrier_sync(4, 128);
+    }
+}
+
 // Deterministic dQ (params.deterministic; dQ is split by columns, so one thread per CTA adds to
 // each dq_accum element). The CTAs of one (batch, head) add to the rows of each
 // 64-query block in a fixed order, their blockIdx.x (key blocks from the last one down,
@@ -611,14 +643,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if constexpr (Traits::kPingpong) {
         if (c == 1) ptx90::named_barrier_arrive(5, Traits::kConsumerThreads);
     }
-    // The warpgroup's barrier (3 or 4), its id a constant.
-    auto warpgroup_sync = [&] {
-        if (c == 0) {
-            ptx90::named_barrier_sync(3, 128);
-        } else {
-            ptx90::named_barrier_sync(4, 128);
-        }
-    };
     // dS^T buffer of the it-th query block.
     auto ds_buffer = [&](int it) {
         return smem.ds(it % Traits::kDSBuffers);
@@ -640,19 +664,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                          bool complete) {
         stage_dq_slab<Traits::kDqBoxBytes, kDqCols>(acc_dq, buffer, t);
         ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
-        warpgroup_sync();
+        consumer_warpgroup_sync(c);
         if (t == 0) {
-            const int row = dq_row0 + m0;
-#pragma unroll
-            for (int box = 0; box < Traits::kDqBoxes; ++box) {
-                ptx90::tma_reduce_add_2d(&dq_map, buffer + box * Traits::kDqBoxBytes,
-                                         kDqCols * c + 32 * box, row);
-            }
-            ptx90::bulk_commit_group();
-            if (complete) {
-                ptx90::bulk_wait_group<0>();
-                ptx90::fence_proxy_async_global();
-            }
+            issue_dq_reductions<Traits::kDqBoxBytes, kDqCols>(&dq_map, buffer, kDqCols * c,
+                                                             dq_row0 + m0);
+            commit_dq_reductions(complete);
         }
     };
 
@@ -793,7 +809,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             float acc_dq[kDqCols / 2];
             issue_dq_split(acc_dq, n_iters - 1);
             if (t == 0) ptx90::bulk_wait_group_read<0>();
-            warpgroup_sync();  // the staged-dQ buffer has been read
+            consumer_warpgroup_sync(c);  // the staged-dQ buffer has been read
             ptx90::wgmma_wait<0>();
             ptx90::fence_operand(acc_dq);
             reduce_dq(acc_dq, smem.dq(c), (blocks.min + n_iters - 1) * kBlockM, false);

@@ -85,14 +85,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const bool elected = c == 0 && t == 0;
     // dq_accum's row of query 0 (the TMA's row coordinate, below 2^31: make_dq_accum_map).
     const int dq_row0 = static_cast<int>(seq.acc_row0);
-    // The warpgroup's barrier (3 or 4), its id a constant.
-    auto warpgroup_sync = [&] {
-        if (c == 0) {
-            ptx90::named_barrier_sync(3, 128);
-        } else {
-            ptx90::named_barrier_sync(4, 128);
-        }
-    };
 
     float acc_dk[kHalfD / 2], acc_dv[kHalfD / 2];  // wgmma layout: the warp's 16 keys x 128
 #pragma unroll
@@ -212,21 +204,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_operand(acc_dq[1]);
         stage_dq_slab<Traits::kDqBoxBytes>(acc_dq[1], dq_stage[1], t);
         ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
-        warpgroup_sync();
+        consumer_warpgroup_sync(c);
         if (t == 0) {
-            const int row = dq_row0 + m0;
 #pragma unroll
             for (int i = 0; i < kSlabsPerWarpgroup; ++i) {
-                const int column = 64 * (kSlabsPerWarpgroup * c + i);
-                ptx90::tma_reduce_add_2d(&dq_map, dq_stage[i], column, row);
-                ptx90::tma_reduce_add_2d(&dq_map, dq_stage[i] + Traits::kDqBoxBytes, column + 32,
-                                         row);
+                issue_dq_reductions<Traits::kDqBoxBytes>(
+                    &dq_map, dq_stage[i], 64 * (kSlabsPerWarpgroup * c + i), dq_row0 + m0);
             }
-            ptx90::bulk_commit_group();
-            if (ordered) {  // complete (and visible) before the turn's release
-                ptx90::bulk_wait_group<0>();
-                ptx90::fence_proxy_async_global();
-            }
+            commit_dq_reductions(ordered);  // ordered: complete before the turn's release
         }
         if (ordered) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
     }
