@@ -243,15 +243,11 @@ void run_fwd_kernel(FwdParams& params, [[maybe_unused]] const at::Tensor& q, cud
 }
 
 // Whether a hand-written forward kernel handles this call (else: reference fallback). Dropout
-// runs in the kernels, compiled without softcap / ALiBi (fwd_launch.cuh); return_softmax
-// (S_dmask, a debugging output) takes the reference, which draws the same mask.
-bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim,
-                       const reference::AttnOptions& opts, bool return_softmax) {
+// runs in the kernels (fwd_launch.cuh); return_softmax (S_dmask, a debugging output) takes the
+// reference, which draws the same mask.
+bool fwd_kernel_covers(const at::Tensor& q, int64_t head_dim, bool return_softmax) {
     const int hd = kernel_head_dim(head_dim);
-    const bool dropout_ok =
-        opts.dropout_p == 0.0 || (!(opts.softcap > 0.0) && !opts.alibi_slopes.has_value());
-    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && !return_softmax &&
-           dropout_ok;
+    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && !return_softmax;
 }
 
 // The reference draws the dropout mask on the host: it cannot run inside CUDA graph capture,
@@ -364,19 +360,14 @@ bool bwd_kernel_enabled() {
 }
 
 // Whether the sm80 backward kernel handles this call (fixed length or varlen); else the
-// reference. Every built head dim, causal / window, softcap, ALiBi, GQA, deterministic; dropout
-// as below.
+// reference. Every built head dim, causal / window, softcap, ALiBi, GQA, deterministic, dropout
+// (the forward's mask replayed: dropout.cuh, bwd_launch.cuh).
 bool bwd_kernel_covers(const at::Tensor& q, const AttnDims& dims,
-                       const reference::AttnOptions& opts, bool deterministic, bool varlen = false) {
-    const double dropout_p = opts.dropout_p, softcap = opts.softcap,
-                 softmax_scale = opts.softmax_scale;
+                       const reference::AttnOptions& opts) {
+    const double softcap = opts.softcap, softmax_scale = opts.softmax_scale;
     if (!bwd_kernel_enabled()) return false;
     const int hd = kernel_head_dim(dims.head_dim);
-    // Dropout: the kernel replays the forward's mask (dropout.cuh) for fixed length without
-    // softcap / ALiBi, non-deterministic (bwd_launch.cuh); other dropout calls take the reference.
-    const bool dropout_ok = dropout_p == 0.0 || (!(softcap > 0.0) && !opts.alibi_slopes.has_value() &&
-                                                 !deterministic && !varlen);
-    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) && dropout_ok &&
+    return hd > 0 && head_dim_built(hd) && device_has_sm80_kernels(q) &&
            dims.seqlen_q > 0 && dims.seqlen_k > 0 && dims.batch > 0 && dims.batch <= 65535 &&
            dims.heads <= 65535 && std::isfinite(softmax_scale) &&
            (!(softcap > 0.0) || std::isfinite(softmax_scale / softcap));
@@ -581,7 +572,7 @@ FwdResult mha_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                           window_size_left, window_size_right, softcap, rng_state);
     const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    if (!fwd_kernel_covers(q, dims.head_dim, call.opts, return_softmax)) {
+    if (!fwd_kernel_covers(q, dims.head_dim, return_softmax)) {
         check_reference_can_drop(call);
         auto [out, lse, s_dmask] = reference::fwd(q, k, v, call.opts, return_softmax);
         return {out, lse, s_dmask, rng_state_tensor(q, call.opts)};
@@ -618,7 +609,7 @@ FwdResult mha_varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
         softcap, rng_state);
     const AttnDims& dims = call.dims;
     c10::cuda::CUDAGuard guard(q.device());
-    const bool kernel = fwd_kernel_covers(q, dims.head_dim, call.opts, return_softmax);
+    const bool kernel = fwd_kernel_covers(q, dims.head_dim, return_softmax);
     if (!kernel) {
         check_reference_can_drop(call);
         auto [out, lse, s_dmask] =
@@ -667,7 +658,7 @@ BwdResult mha_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, con
     c10::cuda::CUDAGuard guard(q.device());
     // The sm80 kernel where it covers the call (FLASH_CUDA_BWD_KERNEL=0 turns it off); else the
     // exact reference, deterministic.
-    if (bwd_kernel_covers(q, call.dims, call.opts, deterministic)) {
+    if (bwd_kernel_covers(q, call.dims, call.opts)) {
         return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts, deterministic,
                           call.philox);
     }
@@ -690,7 +681,7 @@ BwdResult mha_varlen_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor&
     // The sm80 kernel where it covers the call (packed rows, per-sequence lengths); else the
     // exact reference, deterministic.
     if (call.dims.total_q > 0 && k.size(0) > 0 && k.size(0) <= INT32_MAX &&
-        bwd_kernel_covers(q, call.dims, call.opts, deterministic, /*varlen=*/true)) {
+        bwd_kernel_covers(q, call.dims, call.opts)) {
         return bwd_kernel(dout, q, k, v, out, softmax_lse, call.dims, call.opts, deterministic,
                           call.philox, cu_seqlens_q, cu_seqlens_k);
     }
@@ -818,7 +809,7 @@ std::tuple<Tensor, Tensor> mha_fwd_kvcache_cuda(
     // each sequence limited to its cache_seqlens + new tokens (seqused_k), split over the keys
     // when that fills the GPU better. Head dims that need padding take the exact reference,
     // given what the append step produced (nothing is appended or rotated twice).
-    const bool kernel = fwd_kernel_covers(q, dims.head_dim, call.opts, false) &&
+    const bool kernel = fwd_kernel_covers(q, dims.head_dim, false) &&
                         dims.head_dim % 8 == 0 && aligned_for_kernels(q_attn) &&
                         aligned_for_kernels(k_cache) && aligned_for_kernels(v_cache);
     if (!kernel) {

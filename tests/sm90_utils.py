@@ -28,24 +28,52 @@ def skip_unbuilt_head_dim(request) -> None:
         pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
 
 
-# The key block, the pingpong flag and the staged-O flag of the sm90 forward's traits
-# (kernels/sm90/fwd_sm90.cuh FwdSm90Traits<HeadDim, BlockN, Stages, Pingpong, StoreOByTma>) in a
-# kernel name, demangled or mangled.
-_FWD_TRAITS = re.compile(r"FwdSm90Traits<\d+, (\d+), \d+, (true|false), (true|false)>|"
-                         r"FwdSm90TraitsILi\d+ELi(\d+)ELi\d+ELb([01])ELb([01])E")
+# The key block and the pingpong, staged-O and dropout flags of the sm90 forward's traits
+# (kernels/sm90/fwd_sm90.cuh FwdSm90Traits<HeadDim, BlockN, Stages, Pingpong, StoreOByTma,
+# Dropout>) in a kernel name, demangled (group names) or mangled (the same names + "_m"); a
+# name without the Dropout flag (before session 40) reads as not dropout.
+_FWD_TRAITS = re.compile(
+    r"FwdSm90Traits<\d+, (?P<block_n>\d+), \d+, (?P<pingpong>true|false), "
+    r"(?P<staged_o>true|false)(?:, (?P<dropout>true|false))?>|"
+    r"FwdSm90TraitsILi\d+ELi(?P<block_n_m>\d+)ELi\d+ELb(?P<pingpong_m>[01])ELb(?P<staged_o_m>[01])"
+    r"E(?:Lb(?P<dropout_m>[01])E)?")
+
+
+def fwd_traits(name: str) -> dict | None:
+    """{"block_n": int, "pingpong" / "staged_o" / "dropout": bool} of an sm90 forward kernel's
+    name, or None when it holds no FwdSm90Traits."""
+    match = _FWD_TRAITS.search(name)
+    if match is None:
+        return None
+    g = match.groupdict()
+    flags = {k: g[k] == "true" or g[k + "_m"] == "1" for k in ("pingpong", "staged_o", "dropout")}
+    return {"block_n": int(g["block_n"] or g["block_n_m"]), **flags}
 # The head dim and the pingpong flag of the sm90 backward's traits (kernels/sm90/bwd_sm90.cuh
 # BwdSm90Traits<HeadDim, Pingpong, BlockM, BlockN>), demangled or mangled.
 _BWD_TRAITS = re.compile(r"BwdSm90Traits<(\d+), (true|false)|BwdSm90TraitsILi(\d+)ELb([01])")
+# The backward kernel's last template flag, IsDropout (after Causal and HasAlibi), demangled or
+# mangled.
+_BWD_DROPOUT = re.compile(r"BwdSm90Traits<[^<>]*>, (?:true|false), (?:true|false), (true|false)>|"
+                          r"BwdSm90TraitsI\w*?EEELb[01]ELb[01]ELb([01])EEEv")
+
+
+def bwd_kernel_dropout(name: str) -> bool | None:
+    """Whether an sm90 backward kernel's name is its dropout variant (None: not recognised)."""
+    match = _BWD_DROPOUT.search(name)
+    return None if match is None else (match.group(1) or match.group(2)) in ("true", "1")
 
 
 @contextlib.contextmanager
 def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_block=None,
-                     fwd_staged_o=None):
+                     fwd_staged_o=None, fwd_dropout=False, bwd_dropout=False):
     """FLASH_CUDA_SM90=mode inside the block (flash_api.cpp reads it per call); afterwards a CUDA
     kernel whose name contains `kernel_name` must have been launched in it. With mode "pingpong"
     every sm90 forward kernel launched must be the pingpong variant, with "1" none may be; with
     fwd_key_block, every one must have key blocks of that many rows; with fwd_staged_o (a bool),
-    every one must (not) store O through shared memory and the TMA. Every sm90 backward kernel
+    every one must (not) store O through shared memory and the TMA; every one must (fwd_dropout
+    True: must; the default: must not) be the dropout variant, which has no pingpong (the mode
+    is not checked then). Every sm90 backward kernel must (bwd_dropout) or must not be the
+    dropout variant. Every sm90 backward kernel
     launched must be without pingpong where FLASH_CUDA_SM90_BWD_PINGPONG=0 (read at the end of the
     block) or the head dim is 256."""
     from torch.profiler import ProfilerActivity, profile
@@ -60,22 +88,26 @@ def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_blo
     for name in names:
         if "mha_fwd_sm90_kernel" not in name:
             continue
-        match = _FWD_TRAITS.search(name)
-        assert match, f"no FwdSm90Traits in the kernel name {name!r}"
-        pingpong = match.group(2) == "true" or match.group(5) == "1"
-        assert pingpong == (mode == "pingpong"), f"FLASH_CUDA_SM90={mode} launched {name!r}"
-        block_n = int(match.group(1) or match.group(4))
-        assert fwd_key_block in (None, block_n), \
-            f"key blocks of {block_n}, not {fwd_key_block}, in {name!r}"
-        staged_o = match.group(3) == "true" or match.group(6) == "1"
-        assert fwd_staged_o in (None, staged_o), \
+        traits = fwd_traits(name)
+        assert traits, f"no FwdSm90Traits in the kernel name {name!r}"
+        assert traits["dropout"] == fwd_dropout, \
+            f"{'the' if fwd_dropout else 'no'} dropout variant expected, got {name!r}"
+        assert fwd_dropout or traits["pingpong"] == (mode == "pingpong"), \
+            f"FLASH_CUDA_SM90={mode} launched {name!r}"
+        assert fwd_key_block in (None, traits["block_n"]), \
+            f"key blocks of {traits['block_n']}, not {fwd_key_block}, in {name!r}"
+        assert fwd_staged_o in (None, traits["staged_o"]), \
             f"O {'not ' if fwd_staged_o else ''}through shared memory expected, got {name!r}"
     no_bwd_pingpong = os.environ.get("FLASH_CUDA_SM90_BWD_PINGPONG") == "0"
     for name in names:
-        if "mha_bwd_sm90_kernel" not in name:
+        if "mha_bwd_sm90_kernel" not in name and "mha_bwd_sm90_wide_kernel" not in name:
             continue
         match = _BWD_TRAITS.search(name)
         assert match, f"no BwdSm90Traits in the kernel name {name!r}"
+        # (an unrecognised name fails only where the dropout variant is expected)
+        assert bwd_kernel_dropout(name) is True if bwd_dropout else \
+            bwd_kernel_dropout(name) is not True, \
+            f"{'the' if bwd_dropout else 'no'} dropout variant expected, got {name!r}"
         head_dim = int(match.group(1) or match.group(3))
         pingpong = match.group(2) == "true" or match.group(4) == "1"
         assert not (pingpong and (no_bwd_pingpong or head_dim > 128)), \

@@ -170,23 +170,43 @@ def spill_bytes(report: str) -> list[tuple[int, int]]:
             re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)]
 
 
-# (file, most spill bytes allowed). None may spill: the d128 backward spilled 4 bytes from session
-# 34 and its pingpong kernel 28-64 (session 35) until its wgmma descriptors were built once per
-# GEMM batch and advanced by adds in uniform registers (session 36, bench/NOTES.md runs 181-185).
-@pytest.mark.parametrize("name,max_spill", (("fwd_hdim128_bf16_sm90.cu", 0),
-                                            ("fwd_hdim64_fp16_causal_sm90.cu", 0),
-                                            ("fwd_hdim256_bf16_sm90.cu", 0),
-                                            ("bwd_hdim128_bf16_sm90.cu", 0),
-                                            ("bwd_hdim64_fp16_causal_sm90.cu", 0),
-                                            ("bwd_hdim256_fp16_causal_sm90.cu", 0)))
-def test_sm90_kernels_compile_unserialized(name, max_spill, tmp_path):
+def kernel_spill_bytes(report: str) -> dict[str, tuple[int, int]]:
+    """{mangled kernel name: (spill stores, spill loads)} of a ptxas report."""
+    found = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores, "
+                       r"(\d+) bytes spill loads", report, flags=re.S)
+    return {name: (int(st), int(ld)) for name, st, ld in found}
+
+
+# (file, most spill bytes allowed, the same for the backward's dropout kernels). None may spill
+# but those: the d128 backward spilled 4 bytes from session 34 and its pingpong kernel 28-64
+# (session 35) until its wgmma descriptors were built once per GEMM batch and advanced by adds in
+# uniform registers (session 36, bench/NOTES.md runs 181-185). The d128 pingpong kernel's dropout
+# variant (session 40) spills 16 bytes: loop-invariant values reloaded a few times per query
+# block, beside the keep bits drawn under its S^T / dP^T GEMMs (28 bytes drawn at the top of the
+# iteration instead).
+@pytest.mark.parametrize("name,max_spill,max_spill_dropout", (
+    ("fwd_hdim128_bf16_sm90.cu", 0, 0),
+    ("fwd_hdim64_fp16_causal_sm90.cu", 0, 0),
+    ("fwd_hdim256_bf16_sm90.cu", 0, 0),
+    ("bwd_hdim128_bf16_sm90.cu", 0, 16),
+    ("bwd_hdim64_fp16_causal_sm90.cu", 0, 0),
+    ("bwd_hdim256_fp16_causal_sm90.cu", 0, 0)))
+def test_sm90_kernels_compile_unserialized(name, max_spill, max_spill_dropout, tmp_path):
     """The sm90 kernels compile for sm_90a with wgmma pipelined (no ptxas C7514-style "wgmma ...
-    serialized" report, a silent large slowdown) and without spills."""
+    serialized" report, a silent large slowdown) and without spills (the backward's dropout
+    variants: at most max_spill_dropout bytes)."""
     report = ptxas_report(name, "90a", tmp_path)
     assert re.search(r"mha_(fwd|bwd)_sm90_\w*kernel", report), "no sm90 kernel in the ptxas report"
     assert "serialized" not in report, [l for l in report.splitlines() if "serialized" in l][:3]
-    spills = spill_bytes(report)
-    assert spills and all(st <= max_spill and ld <= 2 * max_spill for st, ld in spills), spills
+    spills = kernel_spill_bytes(report)
+    assert spills and len(spills) == len(spill_bytes(report)), "unparsed kernels in the report"
+    from sm90_utils import bwd_kernel_dropout  # (imports the extension: here, not at the top)
+
+    allowed = {kernel: max_spill_dropout if bwd_kernel_dropout(kernel) else max_spill
+               for kernel in spills}
+    too_many = {kernel: (st, ld) for kernel, (st, ld) in spills.items()
+                if st > allowed[kernel] or ld > 2 * allowed[kernel]}
+    assert not too_many, too_many
 
 
 @pytest.mark.parametrize("name", ("fwd_hdim128_bf16_sm80.cu", "fwd_hdim128_fp16_causal_sm80.cu"))

@@ -13,6 +13,14 @@ Specification (DESIGN.md sections 4, 9; issue 4):
     2 max|out_pt - ref| + 1e-5; lse is that of the undropped softmax;
   * gradients (kernel backward, replaying the forward's mask from rng_state) against fp64
     autograd with the mask of S_dmask, 3x rule: the backward is consistent with the returned mask;
+  * on an sm_90 GPU the forward of head dims 64 / 128 / 256 (more than 64 query rows, no
+    softcap / ALiBi) runs the Hopper kernel's dropout variant (since session 40): mask bitwise,
+    values, and the same mask as the sm80 kernel's (FLASH_CUDA_SM90=0); so does the backward
+    (no ALiBi): gradients with the 3x rule, deterministic too;
+  * the backward kernel covers varlen and deterministic=True too, and dropout with softcap /
+    ALiBi runs the kernels both ways (the reference before session 40): gradients with the 3x
+    rule, a CUDA graph captures them (the reference refuses dropout under capture: the kernel
+    ran);
   * torch.manual_seed(s) reproduces out / lse / dk / dv bitwise (dq: fp32 atomics, rounding;
     deterministic=True: bitwise);
   * CUDA graphs: a captured dropout forward (and backward) draws a fresh mask on every replay
@@ -30,7 +38,8 @@ os.environ["FLASH_CUDA_BWD_KERNEL"] = "1"  # before the first op call (read once
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from api_utils import built_head_dims  # noqa: E402
+from api_utils import built_head_dims, capture_cuda_graph  # noqa: E402
+from sm90_utils import SM90_GPU, sm90_kernel_runs  # noqa: E402
 from naive_attention import naive_attention, normalize_window, visible_mask  # noqa: E402
 
 pytestmark = [
@@ -55,10 +64,10 @@ def fwd(q, k, v, p, *, causal=False, window=(-1, -1), scale=None, softcap=0.0, a
 
 
 def bwd(dout, q, k, v, out, lse, p, rng_state, *, causal=False, window=(-1, -1), scale=None,
-        deterministic=False):
+        deterministic=False, softcap=0.0, alibi=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _ops().bwd(dout, q, k, v, out, lse, None, p, scale, causal, window[0], window[1], 0.0,
-                      deterministic, rng_state)
+    return _ops().bwd(dout, q, k, v, out, lse, alibi, p, scale, causal, window[0], window[1],
+                      softcap, deterministic, rng_state)
 
 
 def reference_keep(q, k, v, p, rng_state, **kw):
@@ -137,6 +146,75 @@ def test_kept_fraction(p):
     keep, _, vis = kernel_keep(torch.float16, 128, 1024, 1024, 8, 8, p, False, (63, 63), rng_state)
     frac = keep[vis.expand_as(keep)].double().mean().item()
     assert abs(frac - (1 - p)) <= 0.01, f"kept fraction {frac:.4f}, 1 - p = {1 - p}"
+
+
+SM90_CASES = [  # dtype, d, sq, sk, h, hk, p, causal, window (width < d)
+    (torch.float16, 128, 300, 400, 4, 1, 0.3, False, (60, 60)),
+    (torch.bfloat16, 64, 257, 300, 2, 2, 0.5, True, (62, 0)),
+    (torch.bfloat16, 256, 129, 255, 2, 1, 0.17, False, (100, 100)),
+    (torch.float16, 256, 200, 333, 3, 3, 0.4, True, (200, 0)),
+]
+
+
+@SM90_GPU
+@pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: f"d{c[1]}-{c[2]}x{c[3]}-p{c[6]}")
+def test_sm90_forward_dropout(monkeypatch, case):
+    """The Hopper forward's dropout variant: its mask equals the reference's and the sm80
+    kernel's bitwise, and its out / lse pass the value rules (the profiler sees it ran)."""
+    dtype, d, sq, sk, h, hk, p, causal, window = case
+    if d not in built_head_dims():
+        pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
+    rs = torch.tensor([0x0F1E_2D3C_4B5A_6978, (1 << 32) - 5], dtype=torch.int64, device="cuda")
+    with sm90_kernel_runs(monkeypatch, "mha_fwd_sm90_kernel", "1", fwd_dropout=True):
+        keep, ref_keep, vis = kernel_keep(dtype, d, sq, sk, h, hk, p, causal, window, rs)
+        q, k, v, _ = make_inputs(dtype, d, sq, sk, h, hk, seed=d + sq)
+        out, lse, _, _ = fwd(q, k, v, p, causal=causal, window=window, rng_state=rs)
+    assert ((keep != ref_keep) & vis).sum().item() == 0
+    monkeypatch.setenv("FLASH_CUDA_SM90", "0")
+    keep_sm80, _, _ = kernel_keep(dtype, d, sq, sk, h, hk, p, causal, window, rs)
+    assert torch.equal(keep & vis, keep_sm80 & vis)
+    kw = dict(causal=causal, window=window, dropout_keep=reference_keep(
+        q, k, v, p, rs, causal=causal, window=window), dropout_p=p)
+    ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), **kw)
+    pt, lse_pt = naive_attention(q, k, v, **kw)
+    rule("out", out, ref, pt, 2)
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_ref))
+    err = (lse[finite].double() - lse_ref[finite]).abs().max().item()
+    err_pt = (lse_pt.double()[finite] - lse_ref[finite]).abs().max().item()
+    assert err <= 2 * err_pt + 1e-4 * (1.0 + lse_ref[finite].abs().max().item())
+
+
+SM90_BWD_CASES = [  # dtype, d, sq, sk, h, hk, p, causal, deterministic
+    (torch.bfloat16, 64, 300, 517, 4, 2, 0.3, False, False),
+    (torch.float16, 128, 257, 300, 4, 1, 0.5, True, False),
+    (torch.bfloat16, 128, 200, 333, 2, 2, 0.17, False, True),
+    (torch.float16, 256, 150, 260, 2, 1, 0.3, True, False),
+    (torch.bfloat16, 256, 130, 90, 2, 2, 0.4, False, True),
+]
+
+
+@SM90_GPU
+@pytest.mark.parametrize("case", SM90_BWD_CASES,
+                         ids=lambda c: f"d{c[1]}-{c[2]}x{c[3]}-{'det' if c[8] else 'atomic'}")
+def test_sm90_backward_dropout(monkeypatch, case):
+    """The Hopper backward's dropout variant (the profiler sees it ran, and the forward's):
+    gradients with the 3x rule against fp64 autograd under the reference's mask."""
+    dtype, d, sq, sk, h, hk, p, causal, deterministic = case
+    if d not in built_head_dims():
+        pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
+    q, k, v, dout = make_inputs(dtype, d, sq, sk, h, hk, seed=d + sk)
+    kernel = "mha_bwd_sm90_wide_kernel" if d == 256 else "mha_bwd_sm90_kernel"
+    with sm90_kernel_runs(monkeypatch, kernel, "1", fwd_dropout=True, bwd_dropout=True):
+        out, lse, _, rs = fwd(q, k, v, p, causal=causal)
+        dq, dk, dv = bwd(dout, q, k, v, out, lse, p, rs, causal=causal,
+                         deterministic=deterministic)
+    keep = reference_keep(q, k, v, p, rs, causal=causal)
+    nkw = dict(causal=causal, dropout_keep=keep, dropout_p=p)
+    ref = naive_grads(q.double(), k.double(), v.double(), dout.double(), **nkw)
+    pt = naive_grads(q, k, v, dout, **nkw)
+    for name, g, r, t in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, pt):
+        rule(name, g, r, t, 3)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,9 +330,153 @@ def test_bwd_values(dtype, case, p):
         rule(name, g, r, t, 3)
 
 
+# Varlen (sequences of 0, 1 and several blocks; GQA; the mask's rows / keys relative to each
+# sequence, the sequence index as its batch) and deterministic=True, both on the kernel.
+VARLEN_BWD_CASES = [  # d, lens_q, lens_k, h, hk, causal
+    (64, [17, 0, 130, 64, 1], [40, 5, 129, 64, 90], 4, 2, True),
+    (128, [300, 1, 77], [257, 1, 300], 4, 1, False),
+    (96, [50, 129], [200, 70], 2, 2, False),
+]
+
+
+def varlen_inputs(dtype, d, lens_q, lens_k, h, hk, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32,  # noqa: E731
+                                   device="cuda")
+    q = torch.randn(sum(lens_q), h, d, dtype=dtype, device="cuda", generator=gen)
+    k = torch.randn(sum(lens_k), hk, d, dtype=dtype, device="cuda", generator=gen)
+    v = torch.randn(sum(lens_k), hk, d, dtype=dtype, device="cuda", generator=gen)
+    dout = torch.randn(sum(lens_q), h, d, dtype=dtype, device="cuda", generator=gen)
+    return q, k, v, dout, cu(lens_q), cu(lens_k)
+
+
+def varlen_fwd(q, k, v, cu_q, cu_k, mq, mk, p, causal, return_softmax=False, rng_state=None):
+    return _ops().varlen_fwd(q, k, v, cu_q, cu_k, None, None, None, mq, mk, p,
+                             q.shape[-1] ** -0.5, causal, -1, 0 if causal else -1, 0.0,
+                             return_softmax, rng_state)
+
+
+def varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, p, causal, deterministic, rs):
+    return _ops().varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, None, mq, mk, p,
+                             q.shape[-1] ** -0.5, causal, -1, 0 if causal else -1, 0.0,
+                             deterministic, rs)
+
+
+@pytest.mark.parametrize("deterministic", (False, True), ids=("atomic", "deterministic"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", VARLEN_BWD_CASES, ids=lambda c: f"d{c[0]}-{len(c[1])}seqs")
+def test_varlen_bwd_values(case, dtype, deterministic):
+    d, lens_q, lens_k, h, hk, causal = case
+    if d not in built_head_dims():
+        pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
+    p = 0.3
+    q, k, v, dout, cu_q, cu_k = varlen_inputs(dtype, d, lens_q, lens_k, h, hk, seed=d)
+    mq, mk = max(lens_q), max(lens_k)
+    out, lse, _, rs = varlen_fwd(q, k, v, cu_q, cu_k, mq, mk, p, causal)
+    dq, dk, dv = (t.clone() for t in
+                  varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, p, causal,
+                             deterministic, rs))
+    if deterministic:  # the same call again: bitwise
+        again = varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, p, causal, True, rs)
+        for name, x, y in zip(("dq", "dk", "dv"), (dq, dk, dv), again):
+            assert torch.equal(x, y), name
+    s_dmask = varlen_fwd(q, k, v, cu_q, cu_k, mq, mk, p, causal, True, rs)[2]
+    ref = [torch.zeros_like(t, dtype=torch.float64) for t in (q, k, v)]
+    pt = [torch.zeros_like(t) for t in (q, k, v)]
+    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        if lq == 0 or lk == 0:
+            continue
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        keys = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        keep = ~torch.signbit(s_dmask[i:i + 1, :, :lq, :lk])
+        nkw = dict(causal=causal, dropout_keep=keep, dropout_p=p)
+        seq = (q[None, rows], k[None, keys], v[None, keys], dout[None, rows])
+        for acc, grads in ((ref, naive_grads(*(t.double() for t in seq), **nkw)),
+                           (pt, naive_grads(*seq, **nkw))):
+            acc[0][rows], acc[1][keys], acc[2][keys] = (g[0] for g in grads)
+    for name, g, r, t in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, pt):
+        rule(name, g, r, t, 3)
+
+
+def replayed_once(step, head_dim):
+    """step()'s tensors from one replay of a CUDA graph that captured it, cloned."""
+    graph, captured = capture_cuda_graph(step, head_dim)
+    graph.replay()
+    torch.cuda.synchronize()
+    return [t.clone() for t in captured]
+
+
+@pytest.mark.parametrize("deterministic", (False, True), ids=("atomic", "deterministic"))
+def test_cuda_graph_varlen_bwd(deterministic):
+    """A varlen dropout forward + backward captured in a CUDA graph (the kernel: the reference
+    refuses dropout under capture) equals the eager calls with the rng_state it wrote."""
+    d, lens_q, lens_k, h, hk, causal = VARLEN_BWD_CASES[0]
+    if d not in built_head_dims():
+        pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
+    q, k, v, dout, cu_q, cu_k = varlen_inputs(torch.float16, d, lens_q, lens_k, h, hk, seed=3)
+    mq, mk, p = max(lens_q), max(lens_k), 0.3
+
+    def step():
+        out, lse, _, rs = varlen_fwd(q, k, v, cu_q, cu_k, mq, mk, p, causal)
+        grads = varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, p, causal,
+                           deterministic, rs)
+        return out, lse, rs, *grads
+    out, lse, rs, dq, dk, dv = replayed_once(step, d)
+    out_e, lse_e, _, _ = varlen_fwd(q, k, v, cu_q, cu_k, mq, mk, p, causal, rng_state=rs)
+    assert torch.equal(out_e, out) and torch.equal(lse_e, lse)
+    dq_e, dk_e, dv_e = varlen_bwd(dout, q, k, v, out_e, lse_e, cu_q, cu_k, mq, mk, p, causal,
+                                  deterministic, rs)
+    assert torch.equal(dk_e, dk) and torch.equal(dv_e, dv)
+    if deterministic:
+        assert torch.equal(dq_e, dq)
+    else:
+        assert torch.allclose(dq_e.float(), dq.float(), atol=1e-2, rtol=1e-2)
+
+
+BIAS_CASES = [  # d, sq, sk, h, hk, causal, softcap, alibi
+    (64, 113, 203, 2, 2, False, 0.0, True),
+    (128, 257, 300, 4, 1, True, 5.0, False),
+    (96, 200, 150, 2, 2, False, 4.0, True),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", BIAS_CASES, ids=lambda c: f"d{c[0]}-softcap{c[6]:g}-alibi{c[7]}")
+def test_bias_dropout_kernels(dtype, case):
+    """Dropout with softcap / ALiBi: forward and backward on the kernels (captured in a CUDA
+    graph, which the reference path refuses), the same results as the eager calls with the
+    rng_state the graph wrote, out and gradients by the rules against fp64 naive attention."""
+    d, sq, sk, h, hk, causal, softcap, alibi = case
+    if d not in built_head_dims():
+        pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
+    q, k, v, dout = make_inputs(dtype, d, sq, sk, h, hk, seed=d + sq)
+    slopes = torch.rand(2, h, device="cuda") * 0.3 if alibi else None
+    kw = dict(causal=causal, softcap=softcap, alibi=slopes)
+    p = 0.3
+
+    def step():
+        out, lse, _, rs = fwd(q, k, v, p, **kw)
+        return (out, lse, rs, *bwd(dout, q, k, v, out, lse, p, rs, **kw))
+    out, lse, rs, dq, dk, dv = replayed_once(step, d)
+    out_e, lse_e, _, _ = fwd(q, k, v, p, rng_state=rs, **kw)
+    assert torch.equal(out_e, out) and torch.equal(lse_e, lse)
+    dq_e, dk_e, dv_e = bwd(dout, q, k, v, out_e, lse_e, p, rs, **kw)
+    assert torch.equal(dk_e, dk) and torch.equal(dv_e, dv)
+    keep = reference_keep(q, k, v, p, rs, **kw)
+    nkw = dict(causal=causal, softcap=softcap, alibi_slopes=slopes, dropout_keep=keep,
+               dropout_p=p)
+    ref, _ = naive_attention(q.double(), k.double(), v.double(), **nkw)
+    pt, _ = naive_attention(q, k, v, **nkw)
+    rule("out", out, ref, pt, 2)
+    ref_g = naive_grads(q.double(), k.double(), v.double(), dout.double(), **nkw)
+    pt_g = naive_grads(q, k, v, dout, **nkw)
+    for name, g, r, t in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, pt_g):
+        rule(name, g, r, t, 3)
+
+
 def test_same_seed_bitwise():
     """torch.manual_seed reproduces a training step: out, lse, dk, dv bitwise; dq to rounding
-    (fp32 atomics); with deterministic=True (reference backward) every gradient bitwise."""
+    (fp32 atomics); with deterministic=True (the kernel's dq slices) every gradient bitwise."""
     import flash_cuda
 
     q0, k0, v0, dout = make_inputs(torch.bfloat16, 128, 300, 300, 4, 2, seed=5)

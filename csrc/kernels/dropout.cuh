@@ -80,13 +80,15 @@ __device__ __forceinline__ uint32_t draw_word(const Philox4& r, int word) {
 // The four lanes of a quad hold the same rows: for each row and 4 key groups (S tiles 4j ..
 // 4j + 3) lane t draws group 4j + t once and the quad exchanges words (lane t needs word t of
 // each draw), so every draw is computed once, not four times. The keep bits are collected in a
-// loop that is not unrolled (few live registers), then applied.
+// loop that is not unrolled (few live registers), then applied. A block whose S tiles are not a
+// multiple of 4 (the sm90 d256 kernel's 80 keys: 10) draws the groups past its end in the last
+// round and leaves their bits unused.
 template <int kMTiles, int kKSteps>
 __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKSteps][4],
                                               const DropoutMask& mask, int row0, int key_block0,
                                               int lane) {
     constexpr int kNTiles = 2 * kKSteps;  // 8-key S tiles
-    static_assert(kNTiles % 4 == 0 && kNTiles <= 16, "key block: 32, 64 or 128 keys");
+    static_assert(kNTiles <= 16, "key block: at most 128 keys (2 keep bits per S tile)");
     const int t = lane % 4;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -95,7 +97,7 @@ __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKStep
             const uint32_t row = static_cast<uint32_t>(row0 + 16 * mt + 8 * half);
             uint32_t bits = 0;  // bit 2 nt + c: key 8 nt + 2t + c of this row is kept
 #pragma unroll 1
-            for (int j = 0; j < kNTiles / 4; ++j) {
+            for (int j = 0; j < (kNTiles + 3) / 4; ++j) {
                 const Philox4 r = mask.draws(row, static_cast<uint32_t>(key_block0 / 8 + 4 * j + t));
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
@@ -162,6 +164,31 @@ __device__ __forceinline__ void dropout_keep_bits_transposed(
                 for (int hc = 0; hc < 4; ++hc) bits |= ((v >> (8 * hc + g)) & 1u) << (4 * n8 + hc);
             }
             keep[mt][u] = bits;
+        }
+    }
+}
+
+// Whether element (mt, nt, e) of a P^T fragment is kept, from keep[mt] of
+// dropout_keep_bits_transposed (bit 4 (nt % 8) + e of word nt / 8).
+template <int kWords>
+__device__ __forceinline__ bool kept_transposed(const uint32_t (&keep_row)[kWords], int nt, int e) {
+    return (keep_row[nt / 8] >> (4 * (nt % 8) + e)) & 1u;
+}
+
+// Backward, on fp32 fragments of that P^T layout (the sm90 backward's S^T / dP^T accumulators):
+// x = x * scale where kept, 0 where dropped.
+template <int kKeyTiles, int kQTiles8>
+__device__ __forceinline__ void drop_transposed(
+    float (&x)[kKeyTiles][kQTiles8][4], const uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8],
+    float scale) {
+#pragma unroll
+    for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kQTiles8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                x[mt][nt][e] = kept_transposed(keep[mt], nt, e) ? x[mt][nt][e] * scale : 0.f;
+            }
         }
     }
 }

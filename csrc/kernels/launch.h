@@ -103,7 +103,7 @@ template <typename Element, int HeadDim, bool Causal>
 void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream);
 
 // Portable tensor-core backward (mma.sync, sm80+), fixed length or varlen, softcap / ALiBi,
-// deterministic dq; no dropout (kernels/sm80/bwd_launch.cuh lists the workspaces the caller
+// deterministic dq, dropout (kernels/sm80/bwd_launch.cuh lists the workspaces the caller
 // provides).
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream);

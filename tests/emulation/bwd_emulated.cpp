@@ -111,7 +111,7 @@ void run_tile(BwdParams& params) {
 #if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
 // The kernel of Traits (bwd_sm90_launch.cuh's choice: OrderedTraits where
 // bwd_sm90_ordered_kernel says).
-template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool IsDropout>
 void run_sm90_kernel(BwdParams& params) {
     namespace s90 = flash_cuda::sm90;
     using namespace flash_cuda::sm80;
@@ -120,7 +120,8 @@ void run_sm90_kernel(BwdParams& params) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
         std::exit(2);
     }
-    std::printf("emulator: sm90 backward%s\n", Traits::kPingpong ? ", pingpong" : "");
+    std::printf("emulator: sm90 backward%s%s\n", Traits::kPingpong ? ", pingpong" : "",
+                IsDropout ? ", dropout" : "");
     // Deterministic, as the host does for this kernel: one dq_accum slice, the semaphores zeroed.
     GuardedBuffer semaphores(
         params.deterministic ? 4 * params.b * params.h * (params.seqlen_q_rounded / 64) : 4, 0);
@@ -137,8 +138,8 @@ void run_sm90_kernel(BwdParams& params) {
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b, params.h);
     emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
         blockDim = dim3(Traits::kNThreads, 1, 1);
-        s90::bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>()(params, maps.q, maps.k, maps.v,
-                                                                  maps.d_o, maps.dq_accum);
+        s90::bwd_sm90_kernel<Element, Traits, Causal, HasAlibi, IsDropout>()(
+            params, maps.q, maps.k, maps.v, maps.d_o, maps.dq_accum);
     });
     launch(dim3(4, params.h), 256, 0, &mha_bwd_convert_dq_kernel<Element, EMU_HEAD_DIM>, params);
     if (!params.dkv_direct) {
@@ -183,10 +184,18 @@ bool run_sm90(BwdParams& params) {
     const char* want = std::getenv("EMU_SM90");
     if (want == nullptr || std::string(want) != "1" || !s90::bwd_supports(params)) return false;
     using Config = s90::BwdSm90Config<EMU_HEAD_DIM>;
+    // As the launcher: dropout without ALiBi (bwd_supports).
+    auto go = [&](auto traits) {
+        using T = typename decltype(traits)::type;
+        if constexpr (!HasAlibi) {
+            if (params.p_keep < 1.f) return run_sm90_kernel<Element, T, Causal, false, true>(params);
+        }
+        run_sm90_kernel<Element, T, Causal, HasAlibi, false>(params);
+    };
     if (s90::bwd_sm90_ordered_kernel(params)) {
-        run_sm90_kernel<Element, typename Config::OrderedTraits, Causal, HasAlibi>(params);
+        go(std::type_identity<typename Config::OrderedTraits>{});
     } else {
-        run_sm90_kernel<Element, typename Config::Traits, Causal, HasAlibi>(params);
+        go(std::type_identity<typename Config::Traits>{});
     }
     return true;
 #else

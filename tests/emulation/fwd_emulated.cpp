@@ -62,22 +62,17 @@ void run_traits(FwdParams& params) {
             std::fprintf(stderr, "the key-split tile has no dropout\n");
             std::exit(2);
         }
-    } else if (params.p_keep < 1.f) {  // dropout: the tiles of fwd_launch.cuh (BiasTraits with a bias)
-        auto dgo = [&](auto traits, auto kernel) {
-            using T = decltype(traits);
-            emu::launch(grid_for(traits), T::kLaunchThreads, T::kSmemBytes, [&] { kernel(params); });
-        };
-        using BTraits = bias_traits_t<FwdConfig<EMU_HEAD_DIM>>;
-        using ATraits = alibi_softcap_traits_t<FwdConfig<EMU_HEAD_DIM>>;
-        if (has_softcap && has_alibi) dgo(ATraits{}, &mha_fwd_sm80_kernel<Element, ATraits, Causal, true, true, true>);
-        else if (has_softcap) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, false, true, true>);
-        else if (has_alibi) dgo(BTraits{}, &mha_fwd_sm80_kernel<Element, BTraits, Causal, true, false, true>);
-        else {  // the head dim's dropout tile; the decode tile keeps its own
-            using Config = FwdConfig<EMU_HEAD_DIM>;
-            using DTraits = std::conditional_t<std::is_same_v<Traits, typename Config::Traits>,
-                                               dropout_traits_t<Config>, Traits>;
-            dgo(DTraits{}, &mha_fwd_sm80_kernel<Element, DTraits, Causal, false, false, true>);
-        }
+    } else if (params.p_keep < 1.f) {  // dropout: fwd_launch.cuh's dropout tile, bias flags too
+        // The head dim's dropout tile; the decode tile keeps its own.
+        using Config = FwdConfig<EMU_HEAD_DIM>;
+        using DTraits = std::conditional_t<std::is_same_v<Traits, typename Config::Traits>,
+                                           dropout_traits_t<Config>, Traits>;
+        flash_cuda::with_bias_flags(has_softcap, has_alibi, [&](auto alibi, auto softcap) {
+            emu::launch(grid_for(DTraits{}), DTraits::kLaunchThreads, DTraits::kSmemBytes, [&] {
+                mha_fwd_sm80_kernel<Element, DTraits, Causal, decltype(alibi)::value,
+                                    decltype(softcap)::value, true>(params);
+            });
+        });
         return;
     }
     if (has_softcap && has_alibi) go(&mha_fwd_sm80_kernel<Element, Traits, Causal, true, true>);
@@ -109,14 +104,22 @@ void run_sm90_traits(FwdParams& params) {
     const char* sms = std::getenv("EMU_NUM_SMS");
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(
         s90::fwd_sm90_tiles(params), sms != nullptr ? std::atoi(sms) : 3)));
-    const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);  // as the launcher
-    flash_cuda::with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
+    if constexpr (Traits::kDropout) {  // as the launcher: without softcap / ALiBi
+        std::printf("emulator: sm90 forward with dropout\n");
         emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
-            s90::mha_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
-                                     decltype(softcap)::value>(params, maps.q, maps.k, maps.v,
-                                                               o_map);
+            s90::mha_fwd_sm90_kernel<Element, Traits, Causal, false, false>(params, maps.q, maps.k,
+                                                                            maps.v, o_map);
         });
-    });
+    } else {
+        const flash_cuda::ScoreBias bias = flash_cuda::fwd_score_bias(params);  // as the launcher
+        flash_cuda::with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
+            emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
+                s90::mha_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
+                                         decltype(softcap)::value>(params, maps.q, maps.k,
+                                                                   maps.v, o_map);
+            });
+        });
+    }
 }
 #endif
 

@@ -40,8 +40,10 @@
 // by one thread in a fixed order; the postprocess sums the slices in order 0, 1, ... Without
 // it there is one CTA per key block and one slice (atomics from several CTAs: dq is not
 // reproducible). dk / dv are always bitwise reproducible.
-// Dropout (IsDropout, fixed length, without softcap / ALiBi / deterministic: the host routes
-// the rest to the reference) replays the forward's mask (dropout.cuh) in the P^T step.
+// Dropout (IsDropout; fixed length or varlen, deterministic or not, softcap / ALiBi or not)
+// replays the forward's mask (dropout.cuh) in the P^T step: its rows and keys are relative to
+// the sequence start and its stream is batch * h + head, as in the forward (varlen: batch = the
+// sequence).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -192,8 +194,9 @@ template <> struct BwdConfig<192> { using Traits = BwdTraits<192, 32, 64, 4>; };
 template <> struct BwdConfig<224> { using Traits = BwdTraits<224, 32, 64, 4>; };
 template <> struct BwdConfig<256> { using Traits = BwdTraits<256, 32, 64, 4>; };
 
-// The tile of the dropout kernels (no softcap / ALiBi): the 32-query bias tile at d >= 128 (the
-// 64-query tile spilled 52-76 B at d128 with the Philox draws in the loop), else the main tile.
+// The tile of the dropout kernels without softcap / ALiBi (with them: the bias tile): the
+// 32-query bias tile at d >= 128 (the 64-query tile spilled 52-76 B at d128 with the Philox draws
+// in the loop), else the main tile.
 template <int HeadDim>
 using bwd_dropout_traits_t =
     std::conditional_t<(HeadDim >= 128), bias_traits_t<BwdConfig<HeadDim>>,
@@ -476,8 +479,7 @@ __device__ __forceinline__ void warp_gemm_dq(float (&acc)[Traits::kDqDTiles][4],
 // Template parameters as the forward's: Causal (window right side 0), HasAlibi (bias from
 // params.alibi_slopes_ptr), HasSoftcap (params.softcap > 0).
 // IsDropout: P is dropped with the forward's mask (dropout.cuh): dV += (P o M / p_keep)^T dO,
-// dZ = P o (dP o M / p_keep - D), with D = rowsum(dO o O) of the dropped output (fixed length
-// only; the host routes varlen / deterministic dropout to the reference).
+// dZ = P o (dP o M / p_keep - D), with D = rowsum(dO o O) of the dropped output.
 template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap,
           bool IsDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
@@ -685,8 +687,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                 const float p = ptx::exp2_approx(visible ? x : -INFINITY);
                                 p_dv[c] = p;
                                 if constexpr (IsDropout) {
-                                    const bool kept = (keep[mt][nt / 8] >> (4 * (nt % 8) + e)) & 1u;
-                                    p_dv[c] = kept ? p * params.rp_keep : 0.f;
+                                    p_dv[c] = kept_transposed(keep[mt], nt, e) ? p * params.rp_keep
+                                                                               : 0.f;
                                 }
                                 acc_s[mt][nt][e] = HasSoftcap ? p * dscore : p;
                             }
@@ -741,9 +743,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                 const int e = 2 * half + c;
                                 float dp = acc_dp[mt][ntp][e];
                                 if constexpr (IsDropout) {
-                                    const bool kept =
-                                        (keep[mt][nt / 8] >> (4 * (nt % 8) + e)) & 1u;
-                                    dp = kept ? dp * params.rp_keep : 0.f;
+                                    dp = kept_transposed(keep[mt], nt, e) ? dp * params.rp_keep
+                                                                          : 0.f;
                                 }
                                 dz[c] = acc_s[mt][nt][e] * (dp - dsum[c]);
                             }

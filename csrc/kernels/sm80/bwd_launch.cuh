@@ -9,9 +9,8 @@
 // workspaces (h, total_k, HeadDim) unless dkv_direct (then dk / dv zeroed: packed rows of no
 // sequence), dsoftmax_sum (h, total_q). dq / dk / dv contiguous, d a multiple of 8.
 // splits = num_splits when deterministic (dq_accum_split_stride floats apart), else 1.
-// Dropout (p_keep < 1) is a template flag of the main kernel, compiled without softcap / ALiBi
-// only (the host routes dropout with those, varlen or deterministic to the reference), which
-// keeps the build small.
+// Dropout (p_keep < 1) is a template flag of the main kernel (bwd.cuh), with or without softcap
+// / ALiBi.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -148,7 +147,6 @@ bool launch_bwd_tile_variant(BwdParams& params, cudaStream_t stream, int variant
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
     using Config = sm80::BwdConfig<HeadDim>;
-    const bool varlen = params.cu_seqlens_q != nullptr;
     if (params.b <= 0 || params.h <= 0 || params.seqlen_q <= 0) return;
     if (params.b > 65535 || params.h > 65535) {
         throw std::runtime_error("flash_cuda: backward kernel supports at most 65535 batch "
@@ -169,12 +167,13 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         constexpr bool kV1Fallback = !kV2 || sm80::bwd_v2_smem_bytes<HeadDim>() > 163 * 1024;
 #endif
         if (params.p_keep < 1.f) {
-            if (has_softcap || has_alibi || varlen || params.deterministic) {
-                throw std::runtime_error("flash_cuda: the backward kernel's dropout covers fixed "
-                                         "length without softcap / ALiBi, non-deterministic");
-            }
-            sm80::launch_bwd_kernel<Element, sm80::bwd_dropout_traits_t<HeadDim>, Causal, false,
-                                    false, true>(params, stream);
+            // The dropout tile; with softcap / ALiBi the bias tile (the same at d >= 128).
+            with_bias_flags(has_softcap, has_alibi, [&](auto alibi, auto softcap) {
+                constexpr bool kAlibi = decltype(alibi)::value, kSoftcap = decltype(softcap)::value;
+                using T = std::conditional_t<kAlibi || kSoftcap, sm80::bias_traits_t<Config>,
+                                             sm80::bwd_dropout_traits_t<HeadDim>>;
+                sm80::launch_bwd_kernel<Element, T, Causal, kAlibi, kSoftcap, true>(params, stream);
+            });
         } else {
             [[maybe_unused]] bool ran_v2 = false;  // the main kernel ran on bwd_v2.cuh
             if constexpr (kV2) {

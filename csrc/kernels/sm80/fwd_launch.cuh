@@ -54,9 +54,9 @@ void launch_fwd_kernel(FwdParams& params, cudaStream_t stream) {
 
 // Launches the kernel: tile configuration Traits, or BiasTraits for the ALiBi / softcap variants
 // (they keep more values live in the score loop, so a head dim may give them a smaller tile),
-// BothTraits with ALiBi and softcap together, DropoutTraits with dropout. Dropout (p_keep < 1)
-// is a template flag (the kernels without it are unchanged), compiled without softcap / ALiBi
-// only (the host routes those combinations to the reference), which keeps the build small.
+// BothTraits with ALiBi and softcap together, DropoutTraits with dropout (with or without
+// softcap / ALiBi: the dropout tile carries their flags too). Dropout (p_keep < 1) is a template
+// flag (the kernels without it are unchanged).
 template <typename Element, typename Traits, typename BiasTraits, typename BothTraits,
           typename DropoutTraits, bool Causal>
 void launch_fwd(FwdParams& params, cudaStream_t stream) {
@@ -71,11 +71,10 @@ void launch_fwd(FwdParams& params, cudaStream_t stream) {
     const bool has_softcap = bias.softcap, has_alibi = bias.alibi;
     const bool is_dropout = params.p_keep < 1.f;
     if (is_dropout) {
-        if (has_softcap || has_alibi) {
-            throw std::runtime_error("flash_cuda: the forward kernel's dropout covers neither "
-                                     "softcap nor ALiBi");
-        }
-        launch_fwd_kernel<Element, DropoutTraits, Causal, false, false, true>(params, stream);
+        with_bias_flags(has_softcap, has_alibi, [&](auto alibi, auto softcap) {
+            launch_fwd_kernel<Element, DropoutTraits, Causal, decltype(alibi)::value,
+                              decltype(softcap)::value, true>(params, stream);
+        });
     } else if (has_softcap && has_alibi) {
         launch_fwd_kernel<Element, BothTraits, Causal, true, true, false>(params, stream);
     } else if (has_softcap) {

@@ -42,7 +42,10 @@
 // dq_accum -> dq conversion, the GQA dk / dv sums; workspaces and params as bwd_launch.cuh says.
 // deterministic=True (d256 in bwd_sm90_wide.cuh too): the dQ additions of the CTAs take turns
 // per query block (DqTurns below); the turn passes on once the block's TMA reductions are
-// complete. Not here (the launcher keeps these on sm80): softcap, dropout, head dims other
+// complete. Dropout (IsDropout, without ALiBi): the forward's keep bits of each warp's S^T
+// fragment (dropout.cuh), drawn under its S^T / dP^T GEMMs (the wide kernel: at the top of the
+// iteration, where it spills nothing); dV += (P o M / p_keep)^T dO, dS = P o (dP o M / p_keep -
+// D). Not here (the launcher keeps these on sm80): softcap, dropout with ALiBi, head dims other
 // than 64 / 128 / 256 (d256: bwd_sm90_wide.cuh, which shares this file's traits and pieces).
 // Grid (key blocks, b, h).
 #pragma once
@@ -559,7 +562,7 @@ struct DqTurns {
     }
 };
 
-template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool IsDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_bwd_sm90_kernel(const __grid_constant__ BwdParams params,
                         const __grid_constant__ CUtensorMap q_map,
@@ -710,6 +713,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ss_gemm(acc_s, k_rows, smem.q(stage));
         ss_gemm(acc_dp, v_rows, smem.d_o(stage));
         their_turn();
+        // Dropout: the forward's keep bits of the warp's 16 keys x 64 queries (dropout.cuh),
+        // drawn while S^T and dP^T accumulate.
+        [[maybe_unused]] uint32_t keep[1][1];
+        if constexpr (IsDropout) {
+            dropout_keep_bits_transposed<1, kBlockM / 8>(
+                keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + key_row0, m0,
+                lane);
+        }
 
         // P^T while dP^T accumulates, then dS^T.
         ptx90::wgmma_wait<1>();
@@ -721,7 +732,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                            alibi_slope_log2, fully_visible);
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dp);
+        // Dropout: dS = P o (dP o M / p_keep - D), dV += (P o M / p_keep)^T dO.
+        if constexpr (IsDropout) drop_transposed(dp_frag, keep, params.rp_keep);
         probs_to_dscores<kBlockM>(dp_frag, s_frag, smem.dsum(stage) + 8 * (lane % 4));
+        if constexpr (IsDropout) drop_transposed(s_frag, keep, params.rp_keep);
         sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
         sm80::convert_p_to_a_fragments<Element, PTile>(ds_frag, dp_frag);
 

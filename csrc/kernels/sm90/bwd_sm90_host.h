@@ -16,14 +16,16 @@ namespace sm90 {
 
 constexpr bool bwd_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
 
-// Head dim 64, 128 or 256 exactly, no softcap, no dropout (those stay on the sm80 backward), at
-// least one key row, grid limits; pointers and strides 16-byte aligned (the caller's).
+// Head dim 64, 128 or 256 exactly, no softcap, dropout only without ALiBi (those stay on the sm80
+// backward), at least one key row, grid limits; pointers and strides 16-byte aligned (the
+// caller's).
 inline bool bwd_supports(const BwdParams& p) {
     const bool varlen = p.cu_seqlens_q != nullptr;
     const bool has_keys = varlen ? p.total_k > 0 : p.seqlen_k > 0;
     const bool has_queries = varlen ? p.total_q > 0 : p.seqlen_q > 0;
+    const bool dropout_ok = p.p_keep >= 1.f || p.alibi_slopes_ptr == nullptr;
     return bwd_head_dim_supported(p.d) && p.d == p.d_rounded && !(p.softcap > 0.f) &&
-           p.p_keep >= 1.f && has_keys && has_queries &&
+           dropout_ok && has_keys && has_queries &&
            p.is_seqlens_k_cumulative && p.b <= 65535 && p.h <= 65535;
 }
 

@@ -19,9 +19,9 @@ namespace flash_cuda {
 
 namespace sm90 {
 
-template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool IsDropout = false>
 void launch_bwd_sm90_kernel(BwdParams& params, const BwdTensorMaps& maps, cudaStream_t stream) {
-    auto kernel = bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>();
+    auto kernel = bwd_sm90_kernel<Element, Traits, Causal, HasAlibi, IsDropout>();
     reserve_dynamic_smem(kernel, Traits::kSmemBytes, "sm90 backward kernel");
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b, params.h);
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, maps.q, maps.k, maps.v,
@@ -49,7 +49,9 @@ void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream) {
     using OrderedTraits = typename sm90::BwdSm90Config<HeadDim>::OrderedTraits;
     auto launch = [&](auto traits) {
         using T = typename decltype(traits)::type;
-        if (params.alibi_slopes_ptr != nullptr) {
+        if (params.p_keep < 1.f) {  // dropout, without ALiBi (bwd_supports)
+            sm90::launch_bwd_sm90_kernel<Element, T, Causal, false, true>(params, maps, stream);
+        } else if (params.alibi_slopes_ptr != nullptr) {
             sm90::launch_bwd_sm90_kernel<Element, T, Causal, true>(params, maps, stream);
         } else {
             sm90::launch_bwd_sm90_kernel<Element, T, Causal, false>(params, maps, stream);

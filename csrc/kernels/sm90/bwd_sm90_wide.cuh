@@ -35,7 +35,7 @@
 namespace flash_cuda {
 namespace sm90 {
 
-template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool IsDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mha_bwd_sm90_wide_kernel(const __grid_constant__ BwdParams params,
                              const __grid_constant__ CUtensorMap q_map,
@@ -106,6 +106,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const uint32_t query_rows = ptx::opaque(static_cast<uint32_t>(kCols * c * 128));
         const uint32_t slab_offset = ptx::opaque(
             static_cast<uint32_t>(kSlabsPerWarpgroup * c * Traits::kQSlabBytes));
+        // Dropout: the keep bits of the warp's 16 keys x this warpgroup's 32 queries.
+        [[maybe_unused]] uint32_t keep[1][1];
+        if constexpr (IsDropout) {
+            dropout_keep_bits_transposed<1, kCols / 8>(
+                keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + key_row0,
+                m0 + kCols * c, lane);
+        }
         wait_phase(smem.full_q(stage), (it / kStages) & 1);
 
         // S^T = K Q_c^T and dP^T = V dO_c^T: k16 step ks reads 32 bytes into the rows of slab
@@ -144,7 +151,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             ptx90::bulk_wait_group_read<0>();
             ptx90::mbarrier_arrive(smem.empty_q((it - 1) % kStages));
         }
+        // Dropout: dS = P o (dP o M / p_keep - D), dV += (P o M / p_keep)^T dO.
+        if constexpr (IsDropout) drop_transposed(dp_frag, keep, params.rp_keep);
         probs_to_dscores<kCols>(dp_frag, s_frag, smem.dsum(stage) + column_bytes);
+        if constexpr (IsDropout) drop_transposed(s_frag, keep, params.rp_keep);
         sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
         sm80::convert_p_to_a_fragments<Element, PTile>(ds_frag, dp_frag);
 
@@ -231,12 +241,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 }
 
 // The main kernel for a Traits: the wide one at d256.
-template <typename Element, typename Traits, bool Causal, bool HasAlibi>
+template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool IsDropout = false>
 constexpr auto bwd_sm90_kernel() {
     if constexpr (Traits::kWide) {
-        return &mha_bwd_sm90_wide_kernel<Element, Traits, Causal, HasAlibi>;
+        return &mha_bwd_sm90_wide_kernel<Element, Traits, Causal, HasAlibi, IsDropout>;
     } else {
-        return &mha_bwd_sm90_kernel<Element, Traits, Causal, HasAlibi>;
+        return &mha_bwd_sm90_kernel<Element, Traits, Causal, HasAlibi, IsDropout>;
     }
 }
 

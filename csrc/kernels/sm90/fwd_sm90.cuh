@@ -21,6 +21,8 @@
 //                      tensor cores (no ALU work per score), rescaled with O -- at d64 and when
 //                      causal; else FADDs of the 16-bit P per thread (add_p_row_sums),
 //                      quad-reduced at the epilogue (kRowSumsOnTensorCores)
+//       dropout        (DropoutTraits) P's A fragments masked after the FADD row sums, under
+//                      the next S (dropout.cuh apply_dropout, the sm80 forward's mask)
 //   Epilogue: O / l, lse per row. O either straight from the accumulators to global (4-byte
 //     stores) or (StagedOTraits, the calls the launcher picks: fwd_sm90_store_o_by_tma, fixed
 //     length) through shared memory and out by TMA stores (one thread per warpgroup, 64-row
@@ -39,9 +41,9 @@
 //   varlen: rows = the packed total, batch extent 1, row coordinate = the sequence's start + the
 //     tile's row: rows past the sequence's end belong to the next sequence (keys masked; query
 //     rows never stored).
-// Not here (the launcher keeps these on the sm80 kernels): dropout, KV caches (paged,
-// cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other than 64 / 128 /
-// 256.
+// Not here (the launcher keeps these on the sm80 kernels): dropout with softcap or ALiBi, KV
+// caches (paged, cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other
+// than 64 / 128 / 256.
 // Persistent: each CTA walks the tiles blockIdx.x, + gridDim.x, ... in the order of a grid
 // (m blocks, b, h), or causal in the level order, longest first, in a snake (FwdTile); a CTA's
 // barriers run on from one tile to the next, so its producer loads the next tile's Q and first
@@ -70,9 +72,14 @@
 namespace flash_cuda {
 namespace sm90 {
 
-template <int HeadDim, int BlockN, int Stages, bool Pingpong, bool StoreOByTma = false>
+template <int HeadDim, int BlockN, int Stages, bool Pingpong, bool StoreOByTma = false,
+          bool Dropout = false>
 struct FwdSm90Traits {
     static constexpr int kHeadDim = HeadDim;
+    // Dropout of P (dropout.cuh's mask, the sm80 kernels' and the reference's): the dropped
+    // elements zeroed on P's A fragments after the row sums (l and lse stay those of the
+    // undropped softmax), O scaled by 1 / p_keep at the end. Without softcap / ALiBi.
+    static constexpr bool kDropout = Dropout;
     static constexpr int kBlockM = 128;
     static constexpr int kBlockN = BlockN;
     static constexpr int kStages = Stages;
@@ -130,6 +137,7 @@ struct FwdSm90Traits {
     static_assert(BlockN % 16 == 0 && BlockN <= 256, "wgmma N: a multiple of 16, at most 256");
     static_assert(kSmemBytes <= kMaxSmemBytes, "must fit a Hopper CTA's shared memory");
     static_assert(!StoreOByTma || !Pingpong, "the staged O is not built with the pingpong turns");
+    static_assert(!Dropout || (!Pingpong && !StoreOByTma), "dropout: the default tile only");
 };
 
 // Traits: the default tile; PingpongTraits: the same with the warpgroups taking turns
@@ -156,15 +164,17 @@ struct FwdSm90Config {
     using PingpongTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, true>;
     using WideTraits = FwdSm90Traits<HeadDim, 192, 3, false>;  // HeadDim 64 only
     using StagedOTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, true>;  // 128, 256
+    using DropoutTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, false, true>;
 };
 
-// The traits a call runs, passed as f(Traits{}) (the launcher and the CPU emulator): d64's wide
-// key blocks (fwd_sm90_wide_key_blocks), the staged O (fwd_sm90_store_o_by_tma), else the
-// pingpong or the default tile (params.sm90_pingpong). The rules never pick a variant with
-// pingpong.
+// The traits a call runs, passed as f(Traits{}) (the launcher and the CPU emulator): dropout's
+// (the default tile with the mask), d64's wide key blocks (fwd_sm90_wide_key_blocks), the staged
+// O (fwd_sm90_store_o_by_tma), else the pingpong or the default tile (params.sm90_pingpong). The
+// rules never pick a variant with pingpong.
 template <int HeadDim, bool Causal, typename F>
 void with_fwd_sm90_traits(const FwdParams& params, F&& f) {
     using Config = FwdSm90Config<HeadDim>;
+    if (params.p_keep < 1.f) return f(typename Config::DropoutTraits{});
     if constexpr (HeadDim == 64 && !Causal) {
         if (fwd_sm90_wide_key_blocks(params)) return f(typename Config::WideTraits{});
     }
@@ -314,7 +324,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // causal kernels, where the consumers' ALU work limits; else by FADDs (add_p_row_sums),
     // where the extra wgmma costs more tensor-core time than the adds cost (d128 / d256
     // non-causal: 0.89-1.00x; bench/NOTES.md run 160).
-    constexpr bool kRowSumsOnTensorCores = Traits::kHeadDim == 64 || Causal;
+    // Dropout: by FADDs (the row sums are of the undropped P, the P V operand is dropped).
+    constexpr bool kDropout = Traits::kDropout;
+    constexpr bool kRowSumsOnTensorCores = (Traits::kHeadDim == 64 || Causal) && !kDropout;
+    static_assert(!kDropout || (!HasAlibi && !HasSoftcap), "dropout without softcap / ALiBi");
     const Sm90Smem<Traits> smem = Sm90Smem<Traits>::make();
     const int tid = threadIdx.x;
     const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
@@ -377,6 +390,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // ---- Producer.
         ptx90::setmaxnreg_dec<24>();
         if (tid != 0) return;
+        if constexpr (kDropout) write_rng_state(params, tid);  // CTA 0 (dropout.cuh)
         int q_round = 0, kv_base = 0;
         for (int round = 0, tile_index = FwdTile::index(0, level_order); tile_index < num_tiles;
              tile_index = FwdTile::index(++round, level_order)) {
@@ -516,6 +530,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                       [batch * params.alibi_slopes_batch_stride + head]
                 : 0.f;
         const KeyRange key_range = KeyRange::make(w.mask);
+        [[maybe_unused]] const DropoutMask dropout =
+            kDropout ? DropoutMask::make(params, static_cast<int64_t>(batch) * params.h + head)
+                     : DropoutMask{};
         // Key blocks inside every tile row's visible range need no mask.
         const int unmasked_keys_end = w.mask.key_end(m0);
         const int unmasked_keys_begin = w.mask.key_begin(m0 + kBlockM - 1);
@@ -646,6 +663,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if constexpr (rescale_under_s && !rescale_after_v_wait) {
                 OnlineSoftmax<1>::rescale(o_frag, o_scale);
             }
+            if constexpr (kDropout) {  // under the next S; the row sums above are undropped
+                apply_dropout(p_frag, dropout, ptx::opaque(m0 + warp_row0 + lane / 4),
+                              (n_block_max - 1 - it) * kBlockN, lane);
+            }
             wait_phase(smem.full_v(stage_of(it)), phase_of(it));
             if constexpr (rescale_after_v_wait) OnlineSoftmax<1>::rescale(o_frag, o_scale);
             issue_pv(it);
@@ -688,6 +709,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         float lse[1][2];
         softmax.finalize(o_frag, lse, log2_scale);
+        if constexpr (kDropout) {
+#pragma unroll
+            for (int i = 0; i < Traits::kHeadDim / 2; ++i) acc_o[i] *= params.rp_keep;
+        }
         // Row g (half 0) / g + 8 (half 1) of O, columns 8 dt + 2 (lane % 4) + {0, 1}, packed.
         auto o_pair = [&](int dt, int half) {
             return ptx::pack_float2<Element>(o_frag[0][dt][2 * half], o_frag[0][dt][2 * half + 1]);

@@ -25,17 +25,19 @@ inline int64_t fwd_sm90_tiles(const FwdParams& p) {
 }
 
 // Whether the sm90 forward kernel handles the call: head dim 64, 128 or 256 exactly (the TMA boxes
-// are 64 columns wide), no dropout, no KV-cache features (paged, cache_batch_idx, leftpad,
-// seqused_k, appended keys), no split-KV or GQA packing, more query rows than a decode step
-// (seqlen_q > 64: shorter calls stay on the sm80 decode tile), at least one key row in k / v
-// (a tensor map needs extents >= 1), fewer than 2^30 tiles (a CTA's last tile index, below
-// tiles + gridDim.x with gridDim.x <= tiles, stays an int). Pointers and strides 16-byte aligned:
-// the caller's (flash_api.cpp pads / copies to that).
+// are 64 columns wide), dropout only without softcap / ALiBi, no KV-cache features (paged,
+// cache_batch_idx, leftpad, seqused_k, appended keys), no split-KV or GQA packing, more query
+// rows than a decode step (seqlen_q > 64: shorter calls stay on the sm80 decode tile), at least
+// one key row in k / v (a tensor map needs extents >= 1), fewer than 2^30 tiles (a CTA's last
+// tile index, below tiles + gridDim.x with gridDim.x <= tiles, stays an int). Pointers and
+// strides 16-byte aligned: the caller's (flash_api.cpp pads / copies to that).
 inline bool fwd_supports(const FwdParams& p) {
     const bool has_keys = p.cu_seqlens_q != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
     const bool kv_cache = p.block_table != nullptr || p.cache_batch_idx != nullptr ||
                           p.leftpad_k != nullptr || p.seqused_k != nullptr || p.knew_ptr != nullptr;
-    return fwd_head_dim_supported(p.d) && p.d == p.d_rounded && p.p_keep >= 1.f && has_keys &&
+    const bool dropout_ok =
+        p.p_keep >= 1.f || (!(p.softcap > 0.f) && p.alibi_slopes_ptr == nullptr);
+    return fwd_head_dim_supported(p.d) && p.d == p.d_rounded && dropout_ok && has_keys &&
            !kv_cache && p.num_splits <= 1 && p.gqa_pack <= 1 && p.seqlen_q > 64 &&
            fwd_sm90_tiles(p) < (int64_t{1} << 30) && p.is_seqlens_k_cumulative;
 }

@@ -47,11 +47,15 @@ void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
         throw std::runtime_error("flash_cuda: cuTensorMapEncodeTiled failed for the sm90 forward "
                                  "(CUresult " + std::to_string(r) + ")");
     }
-    const ScoreBias bias = fwd_score_bias(params);  // the sm80 launcher's variant choice
-    with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
-        launch_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
-                               decltype(softcap)::value>(params, maps, o_map, stream);
-    });
+    if constexpr (Traits::kDropout) {  // without softcap / ALiBi (fwd_supports)
+        launch_fwd_sm90_kernel<Element, Traits, Causal, false, false>(params, maps, o_map, stream);
+    } else {
+        const ScoreBias bias = fwd_score_bias(params);  // the sm80 launcher's variant choice
+        with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
+            launch_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
+                                   decltype(softcap)::value>(params, maps, o_map, stream);
+        });
+    }
 }
 
 }  // namespace sm90
