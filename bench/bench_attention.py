@@ -118,11 +118,11 @@ class FlashCuda:
         if self.error:
             raise Unavailable(self.error)
 
-    def fwd(self, q, k, v, causal):
+    def fwd(self, q, k, v, causal, dropout_p=0.0):
         if self.func is not None:
-            return self.func(q, k, v, causal=causal)
-        return torch.ops.flash_cuda.fwd(q, k, v, None, 0.0, q.shape[-1] ** -0.5, causal, -1, -1,
-                                        0.0, False)[0]
+            return self.func(q, k, v, dropout_p, causal=causal)
+        return torch.ops.flash_cuda.fwd(q, k, v, None, dropout_p, q.shape[-1] ** -0.5, causal,
+                                        -1, -1, 0.0, False)[0]
 
     def decode(self, q, k_cache, v_cache, cache_seqlens, causal, block_table=None,
                num_splits=0, k=None, v=None):
@@ -184,6 +184,7 @@ class Bench:
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if self.cuda else None,
             "python": platform.python_version(), "dtype": self.args.dtype,
+            "dropout_p": self.args.dropout,
             "argv": getattr(self.args, "argv", sys.argv[1:]),
             "math_fp32_inside": math_upcasts(),
             "tokens": self.args.tokens, "hidden": self.args.hidden,
@@ -477,11 +478,11 @@ class Bench:
 
     def prefill_fn(self, section, impl, mode, c, t):
         """(fn, note) for one implementation; t holds the cell's tensors."""
-        causal = c["causal"]
+        causal, p = c["causal"], self.args.dropout
         if impl in FLASH_IMPLS:
             self.fc.need()
             if mode == "fwd":
-                return (lambda: self.fc.fwd(t["q"], t["k"], t["v"], causal)), ""
+                return (lambda: self.fc.fwd(t["q"], t["k"], t["v"], causal, p)), ""
             if self.fc.func is None:
                 raise Unavailable("flash_cuda.flash_attn_func does not exist yet (no Python "
                                   "layer): fwd+bwd not measured")
@@ -489,7 +490,7 @@ class Bench:
             q, k, v = (t[n].detach().requires_grad_() for n in ("q", "k", "v"))
 
             def fwdbwd():
-                out = self.fc.func(q, k, v, causal=causal, deterministic=det)
+                out = self.fc.func(q, k, v, p, causal=causal, deterministic=det)
                 return torch.autograd.grad(out, (q, k, v), t["dout"])
             return fwdbwd, ""
         if impl not in SDPA_BACKENDS:
@@ -509,12 +510,14 @@ class Bench:
             note, gqa = "K/V heads repeated (no enable_gqa)", False
         if mode == "fwd":
             qt = t["qt"]
-            return (lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+            return (lambda: F.scaled_dot_product_attention(qt, kt, vt, dropout_p=p,
+                                                           is_causal=causal,
                                                            enable_gqa=gqa).transpose(1, 2)), note
         qt, kt, vt = (x.detach().requires_grad_() for x in (t["qt"], kt, vt))
 
         def fwdbwd():
-            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(qt, kt, vt, dropout_p=p, is_causal=causal,
+                                                 enable_gqa=gqa)
             return tuple(g.transpose(1, 2) for g in
                          torch.autograd.grad(out, (qt, kt, vt), t["doutt"]))
         return fwdbwd, note
@@ -578,7 +581,7 @@ class Bench:
     def check(self, section, cid, mode, outs):
         """Max |difference| against cuDNN (else FA2), in the row of each other implementation."""
         ref_impl = next((i for i in ("cudnn", "fa2") if i in outs), None)
-        if ref_impl is None:
+        if ref_impl is None or self.args.dropout > 0:  # masks differ
             return
         ref = outs[ref_impl]
         ref = ref if isinstance(ref, (tuple, list)) else (ref,)

@@ -234,6 +234,9 @@ def parse_args(argv=None, default_out="bench/results"):
                         "eat the run)")
     p.add_argument("--time-budget", type=float, default=0.0,
                    help="seconds for the whole run; later measurements are skipped (0: none)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout_p of every prefill call (fwd, fwd+bwd), each implementation "
+                        "its own mask (outputs not compared)")
     p.add_argument("--no-gqa", action="store_true", help="leave out the GQA prefill cases")
     p.add_argument("--gqa-cases", type=csv_pairs,
                    default=None, help="'b,s;b,s' (32/8 heads, d=128, causal)")

@@ -212,7 +212,8 @@ def render_prefill(t: Table, section: str, compact: bool) -> list[str]:
             line.append("" if e1 is None and e2 is None else f"{fmt_err(e1)} / {fmt_err(e2)}")
         body.append(line)
     meta = t.results.get("meta", {})
-    title = {"grid": f"Prefill grid, {meta.get('dtype', '?')}, TFLOP/s (batch x seqlen = "
+    dropout = f", dropout_p {meta['dropout_p']:g}" if meta.get("dropout_p") else ""
+    title = {"grid": f"Prefill grid, {meta.get('dtype', '?')}{dropout}, TFLOP/s (batch x seqlen = "
                      f"{meta.get('tokens', '?')} tokens, hidden {meta.get('hidden', '?')})",
              "gqa": "GQA prefill, TFLOP/s"}[section]
     return [f"### {title}", ""] + md_table(header, body) + [""]

@@ -134,18 +134,19 @@ def decode(b, kv, hkv=8):
     show(f"decode b{b} kv{kv} h{hq}/{hkv} d{d}{flush}", tables)
 
 
-def per_call_us(fn, calls, sync_each=False):
+def per_call_us(fn, calls, sync_each=False, device="cuda"):
     """Wall time per call of `calls` back-to-back calls (no sync between them unless sync_each):
-    the host cost where it exceeds the GPU's."""
+    the host cost where it exceeds the GPU's. On "meta" tensors nothing is launched (no sync)."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(10):
         fn()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
         if sync_each:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
+            sync()
+    sync()
     return (time.perf_counter() - t0) / calls * 1e6
 
 
@@ -240,12 +241,14 @@ def eager_prefill(d, seqlen, causal, calls=100):
                                     max_name_column_width=60))
 
 
-def host_parts(d, causal, calls=300):
+def host_parts(d, causal, calls=300, device="cuda"):
     """The pieces of an eager fwd+bwd's host cost at batch 1, 1 head, 128 tokens (GPU time a few
     us): flash_cuda's ops called directly (no autograd), the public forward recorded for
     autograd, the whole fwd+bwd (also with a sync after each call), the autograd engine's round
-    trip for a trivial op, and the SDPA peers' forward and fwd+bwd; wall us per call."""
-    q, k, v, dout = (torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
+    trip for a trivial op, and the SDPA peers' forward and fwd+bwd; wall us per call. With
+    device "meta" the ops run their fake implementations (no GPU needed, nothing launched): the
+    dispatch and autograd share of the cost alone, on this machine's CPU."""
+    q, k, v, dout = (torch.randn(1, 128, 1, d, device=device, dtype=torch.bfloat16)
                      for _ in range(4))
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
     scale = d ** -0.5
@@ -262,23 +265,28 @@ def host_parts(d, causal, calls=300):
 
     def trivial():
         torch.autograd.grad(qg * 2.0, (qg,), dout)
-    rows = {"flash_cuda fwd op": per_call_us(lambda: torch.ops.flash_cuda.fwd(q, k, v, *fwd_args),
-                                             calls),
-            "flash_cuda bwd op": per_call_us(bwd_op, calls),
-            "flash_cuda bwd op, sync each": per_call_us(bwd_op, calls, sync_each=True),
-            "flash_cuda public fwd (recorded)": per_call_us(
-                lambda: flash_cuda.flash_attn_func(qg, kg, vg, causal=causal), calls),
-            "flash_cuda fwd+bwd": per_call_us(fc_fwdbwd, calls),
-            "flash_cuda fwd+bwd, sync each": per_call_us(fc_fwdbwd, calls, sync_each=True),
-            "trivial op + autograd.grad": per_call_us(trivial, calls)}
-    for name, (fwd, fwdbwd) in peer_calls(q, k, v, dout, causal).items():
+
+    def us(fn, sync_each=False):
+        return per_call_us(fn, calls, sync_each, device)
+    rows = {"flash_cuda fwd op": us(lambda: torch.ops.flash_cuda.fwd(q, k, v, *fwd_args)),
+            "flash_cuda bwd op": us(bwd_op),
+            "flash_cuda public fwd (recorded)": us(
+                lambda: flash_cuda.flash_attn_func(qg, kg, vg, causal=causal)),
+            "flash_cuda fwd+bwd": us(fc_fwdbwd),
+            "trivial op + autograd.grad": us(trivial)}
+    if device == "cuda":
+        rows["flash_cuda bwd op, sync each"] = us(bwd_op, sync_each=True)
+        rows["flash_cuda fwd+bwd, sync each"] = us(fc_fwdbwd, sync_each=True)
+    # The peers' SDPA backends take only CUDA tensors (meta runs the math fallback).
+    peers = peer_calls(q, k, v, dout, causal) if device == "cuda" else {}
+    for name, (fwd, fwdbwd) in peers.items():
         with contextlib.suppress(RuntimeError):
-            rows[f"{name} fwd"] = per_call_us(fwd, calls)
-            rows[f"{name} fwd+bwd"] = per_call_us(fwdbwd, calls)
-    print(f"\n### host cost by part, b1 s128 h1 d{d}{' causal' if causal else ''}: wall us per "
-          f"call, {calls} calls")
-    for name, us in rows.items():
-        print(f"{name}: {us:.1f}")
+            rows[f"{name} fwd"] = us(fwd)
+            rows[f"{name} fwd+bwd"] = us(fwdbwd)
+    print(f"\n### host cost by part, b1 s128 h1 d{d}{' causal' if causal else ''}, {device} "
+          f"tensors: wall us per call, {calls} calls")
+    for name, wall_us in rows.items():
+        print(f"{name}: {wall_us:.1f}")
 
 
 def main() -> None:
@@ -290,6 +298,9 @@ def main() -> None:
                    help="d,seqlen[,causal] (host cost of fwd and fwd+bwd)")
     p.add_argument("--host-parts", action="append", default=[],
                    help="d[,causal] (the pieces of a small fwd+bwd's host cost)")
+    p.add_argument("--host-device", choices=["cuda", "meta"], default="cuda",
+                   help="tensors of --host-parts: meta runs the ops' fake implementations "
+                        "(no GPU: the dispatch and autograd share alone)")
     p.add_argument("--flush", choices=["memset", "read"], default=None,
                    help="flush L2 before every profiled call (decode and prefill tables)")
     args = p.parse_args()
@@ -309,7 +320,8 @@ def main() -> None:
         eager_prefill(int(parts[0]), int(parts[1]), len(parts) > 2 and parts[2] == "causal")
     for spec in args.host_parts:
         parts = spec.split(",")
-        host_parts(int(parts[0]), len(parts) > 1 and parts[1] == "causal")
+        host_parts(int(parts[0]), len(parts) > 1 and parts[1] == "causal",
+                   device=args.host_device)
 
 
 if __name__ == "__main__":
