@@ -92,7 +92,7 @@ def sources(dims: list[int], root: pathlib.Path = ROOT) -> list[str]:
     torch-free kernels, and the instantiations of the selected head dims."""
     csrc = root / "csrc"
     srcs = [csrc / "torch_bindings.cpp", csrc / "flash_api.cpp", csrc / "checks.cpp", csrc / "rng.cpp",
-            csrc / "op_prologue.cpp"]
+            csrc / "op_prologue.cpp", csrc / "autograd.cpp"]
     srcs += sorted((csrc / "reference").glob("*.cpp"))
     srcs += sorted((csrc / "kernels").glob("*.cu"))
     srcs += [

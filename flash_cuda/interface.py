@@ -3,7 +3,8 @@
 Each function only normalises its arguments (packed tensors -> views, default softmax scale,
 window_size -> two ints, cache_seqlens int -> tensor) and calls a torch.ops.flash_cuda op.
 Argument checks live in the C++ ops (csrc/checks.cpp: TypeError/ValueError naming the
-argument); autograd and the fake tensors of torch.compile in flash_cuda/_ops.py.
+argument), their autograd in csrc/autograd.cpp, the fake tensors of torch.compile in
+flash_cuda/_ops.py.
 Layouts: (batch, seqlen, nheads, headdim); varlen (total, nheads, headdim) with int32
 cu_seqlens (batch + 1). Semantics: DESIGN.md section 4 (bottom-right aligned causal/window).
 """
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops  # the fakes and autograd formulas (registered on import); fwd, varlen_fwd
+from . import _ops  # noqa: F401  (the fake tensors, registered on import)
 
 _flash = torch.ops.flash_cuda
+# The overloads themselves: a call skips the packet's overload resolution (host time per call).
+_fwd = _flash.fwd.default
+_varlen_fwd = _flash.varlen_fwd.default
 
 
 def _window(window_size) -> tuple[int, int]:
@@ -46,7 +50,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     torch.use_deterministic_algorithms(True)).
     """
     left, right = _window(window_size)
-    out, softmax_lse, s_dmask, _ = _ops.fwd(
+    out, softmax_lse, s_dmask, _ = _fwd(
         q, k, v, alibi_slopes, dropout_p, _scale(softmax_scale, q), causal, left, right,
         softcap, return_attn_probs and dropout_p > 0, None, deterministic)
     return _result(out, softmax_lse, s_dmask, return_attn_probs)
@@ -81,7 +85,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return_attn_probs=True -> (out, softmax_lse fp32 (h, total_q), S_dmask).
     """
     left, right = _window(window_size)
-    out, softmax_lse, s_dmask, _ = _ops.varlen_fwd(
+    out, softmax_lse, s_dmask, _ = _varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, None, block_table, alibi_slopes, max_seqlen_q,
         max_seqlen_k, dropout_p, _scale(softmax_scale, q), causal, left, right, softcap,
         return_attn_probs and dropout_p > 0, None, deterministic)

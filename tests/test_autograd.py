@@ -149,10 +149,10 @@ def test_varlen_paged_backward_unsupported():
 
 
 @pytest.mark.parametrize("varlen", [False, True])
-def test_public_function_route_equals_op_autograd(varlen):
-    """The public functions record eager calls through flash_cuda._ops' autograd.Function (less
-    host time per call); the op's registered autograd (direct torch.ops callers, torch.compile,
-    autocast) gives the same outputs and gradients."""
+def test_public_function_and_op_record_the_cpp_node(varlen):
+    """The public functions and direct torch.ops callers record the same graph node, the C++
+    Function of csrc/autograd.cpp (no Python autograd.Function in between), with the same
+    outputs and gradients."""
     torch.manual_seed(9)
     ops = torch.ops.flash_cuda
     if varlen:
@@ -163,17 +163,36 @@ def test_public_function_route_equals_op_autograd(varlen):
         public = flash_cuda.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, softmax_scale=0.3,
                                                    causal=True)
         direct = ops.varlen_fwd(*args)[0]
-        name = "_VarlenFwdFunction"
+        name = "VarlenFwdFunction"
     else:
         q, k, v = rand(2, 5, 4, 8, **f64), rand(2, 7, 2, 8, **f64), rand(2, 7, 2, 8, **f64)
         args = (q, k, v, None, 0.0, 0.3, True, -1, -1, 0.0, False, None, False)
         public = flash_cuda.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True)
         direct = ops.fwd(*args)[0]
-        name = "_FwdFunction"
-    assert name in type(public.grad_fn).__name__
-    assert name not in type(direct.grad_fn).__name__
+        name = "FwdFunction"
+    for out in (public, direct):
+        node = out.grad_fn.name()
+        assert node.startswith("torch::autograd::CppNode<") and f"::{name}>" in node, node
     torch.testing.assert_close(public, direct, rtol=0, atol=0)
     dout = torch.randn_like(public)
     for g, r in zip(torch.autograd.grad(public, (q, k, v), dout),
                     torch.autograd.grad(direct, (q, k, v), dout)):
         torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
+def test_no_graph_node_without_grad():
+    """Inputs that do not require grad (or no_grad) record nothing: no node, no saved tensors."""
+    q, k, v = (rand(1, 4, 2, 8, dtype=torch.float64) for _ in range(3))
+    out = flash_cuda.flash_attn_func(q, k, v)
+    assert out.grad_fn is None and not out.requires_grad
+    with torch.no_grad():
+        out = flash_cuda.flash_attn_func(*(x.requires_grad_() for x in (q, k, v)))
+    assert out.grad_fn is None and not out.requires_grad
+    out = flash_cuda.flash_attn_func(q, k, v)  # and the same call records where grad is on
+    assert out.grad_fn is not None
+
+
+def test_lse_and_rng_state_are_not_differentiable():
+    q, k, v = (rand(1, 4, 2, 8, **f64) for _ in range(3))
+    out, lse, _ = flash_cuda.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad

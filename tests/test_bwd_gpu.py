@@ -332,6 +332,47 @@ def test_deterministic_bitwise(d, feature):
             assert torch.equal(a, g), f"{name} differs between deterministic runs"
 
 
+def test_global_deterministic_switch(d=128, varlen=False):
+    """torch.use_deterministic_algorithms(True) makes a deterministic=False call's backward the
+    deterministic one (the public function's autograd reads the switch at the forward): its
+    gradients are bitwise those of deterministic=True, where the atomic dQ additions of 16
+    query blocks per key block would differ in their last bits."""
+    import flash_cuda
+    from api_utils import built_head_dims
+
+    if d not in built_head_dims():
+        pytest.skip(f"no d{d} kernels in this build (the reference is deterministic anyway)")
+    torch.manual_seed(d)
+    b, s, h, dtype = 2, 2048, 8, torch.bfloat16
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(4))
+
+    def grads(deterministic):
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        if varlen:
+            cu = torch.arange(0, b * s + 1, s, device="cuda", dtype=torch.int32)
+            out = flash_cuda.flash_attn_varlen_func(
+                *(x.flatten(0, 1) for x in (qg, kg, vg)), cu, cu, s, s, causal=True,
+                deterministic=deterministic).unflatten(0, (b, s))
+        else:
+            out = flash_cuda.flash_attn_func(qg, kg, vg, causal=True,
+                                             deterministic=deterministic)
+        return torch.autograd.grad(out, (qg, kg, vg), dout)
+
+    expected = grads(True)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        got = grads(False)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for name, e, g in zip(("dq", "dk", "dv"), expected, got):
+        assert torch.equal(e, g), f"{name} is not the deterministic backward's"
+
+
+def test_global_deterministic_switch_varlen():
+    test_global_deterministic_switch(d=64, varlen=True)
+
+
 @pytest.mark.parametrize("d", (64, 128, 224))
 def test_varlen_deterministic_bitwise(d):
     args, kw, first = run_varlen_case(torch.float16, d, "causal", 4, seed=d, deterministic=True)

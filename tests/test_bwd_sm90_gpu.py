@@ -93,6 +93,11 @@ def test_varlen_deterministic_bitwise_sm90(d):
     base.test_varlen_deterministic_bitwise(d)
 
 
+@pytest.mark.parametrize("d,varlen", [(64, True), (128, False), (256, False)])
+def test_global_deterministic_switch_sm90(d, varlen):
+    base.test_global_deterministic_switch(d, varlen)
+
+
 @pytest.mark.parametrize("d,causal", [(64, False), (128, True), (256, False)])
 def test_deterministic_many_ctas_sm90(d, causal):
     """Several waves of CTAs (b 2, h 16, 4096 keys: 1024 or 2048 CTAs on 132 SMs) wait on their
