@@ -19,6 +19,7 @@ _flash = torch.ops.flash_cuda
 # The overloads themselves: a call skips the packet's overload resolution (host time per call).
 _fwd = _flash.fwd.default
 _varlen_fwd = _flash.varlen_fwd.default
+_fwd_kvcache = _flash.fwd_kvcache.default
 
 
 def _window(window_size) -> tuple[int, int]:
@@ -133,7 +134,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
                                    device=q.device)
-    out, softmax_lse = _flash.fwd_kvcache(
+    out, softmax_lse = _fwd_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, cache_batch_idx,
         cache_leftpad, block_table, alibi_slopes, _scale(softmax_scale, q), causal, left, right,
         softcap, rotary_interleaved, num_splits)

@@ -3,8 +3,9 @@
 // Header-only: every function looks up the registered `flash_cuda::*` op in the PyTorch
 // dispatcher and calls it, so the kernel that runs is the one registered for the inputs' device
 // (the CUDA kernels, the CPU reference, or any other backend someone registers for these
-// schemas), and autograd / tracing keys registered from Python apply as usual. The ops
-// themselves live in the flash_cuda shared library (libflash_cuda.so from CMake, or
+// schemas); fwd / varlen_fwd record their backward for autograd when an input requires grad
+// (the library's csrc/autograd.cpp), and tracing keys registered from Python apply as usual.
+// The ops themselves live in the flash_cuda shared library (libflash_cuda.so from CMake, or
 // flash_cuda/_C.abi3.so from setup.py), which registers them when it is loaded. Link it so that
 // the linker keeps it (CMake: link the `flash_cuda::ops` target, which adds --no-as-needed),
 // or dlopen it / `torch.ops.load_library` it before the first call; otherwise the lookup throws
