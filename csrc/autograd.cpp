@@ -91,6 +91,10 @@ variable_list outputs_of(const FwdResult& result) {
     return {std::get<0>(result), std::get<1>(result), std::get<2>(result), std::get<3>(result)};
 }
 
+FwdResult result_of(const variable_list& outputs) {
+    return {outputs[0], outputs[1], outputs[2], outputs[3]};
+}
+
 // (dq, dk, dv), then an undefined gradient for each of the forward's other arguments.
 variable_list gradients_of(const BwdResult& grads, size_t num_forward_args) {
     variable_list result{std::get<0>(grads), std::get<1>(grads), std::get<2>(grads)};
@@ -185,10 +189,9 @@ FwdResult fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                              window_size_left, window_size_right, softcap, return_softmax,
                              rng_state, deterministic);
     }
-    variable_list outputs = FwdFunction::apply(
-        q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_size_left,
-        window_size_right, softcap, return_softmax, rng_state, deterministic);
-    return {outputs[0], outputs[1], outputs[2], outputs[3]};
+    return result_of(FwdFunction::apply(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal,
+                                        window_size_left, window_size_right, softcap,
+                                        return_softmax, rng_state, deterministic));
 }
 
 FwdResult varlen_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -206,11 +209,10 @@ FwdResult varlen_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                     softmax_scale, causal, window_size_left, window_size_right,
                                     softcap, return_softmax, rng_state, deterministic);
     }
-    variable_list outputs = VarlenFwdFunction::apply(
+    return result_of(VarlenFwdFunction::apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, max_seqlen_q,
         max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
-        softcap, return_softmax, rng_state, deterministic);
-    return {outputs[0], outputs[1], outputs[2], outputs[3]};
+        softcap, return_softmax, rng_state, deterministic));
 }
 
 }  // namespace
