@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Wheel check: build ONE abi3 wheel of flash_cuda, install it into a fresh venv that has nothing
-# but torch, and run a small CPU forward through the public API against naive attention.
+# but torch, and run a small CPU forward and backward through the public API against naive
+# attention.
 #
 #   FLASH_CUDA_HEADDIMS=none bash scripts/test_wheel.sh
 #
@@ -87,20 +88,21 @@ def naive(q, k, v, scale, causal):
 torch.manual_seed(0)
 worst = 0.0
 for (b, sq, sk, h, hk, d, causal) in [(2, 33, 47, 4, 4, 64, False), (1, 40, 40, 6, 2, 32, True)]:
-    q = torch.randn(b, sq, h, d)
-    k = torch.randn(b, sk, hk, d)
-    v = torch.randn(b, sk, hk, d)
+    q, k, v = (torch.randn(b, s, n, d, requires_grad=True)
+               for s, n in ((sq, h), (sk, hk), (sk, hk)))
+    dout = torch.randn(b, sq, h, d)
     scale = d ** -0.5
-    if hasattr(flash_cuda, "flash_attn_func"):
-        api = "flash_cuda.flash_attn_func"
-        out = flash_cuda.flash_attn_func(q, k, v, causal=causal)
-    else:  # the Python layer is not merged yet: the op itself
-        api = "torch.ops.flash_cuda.fwd"
-        out = torch.ops.flash_cuda.fwd(q, k, v, None, 0.0, scale, causal, -1, -1, 0.0, False)[0]
-    err = (out.double() - naive(q, k, v, scale, causal)).abs().max().item()
-    worst = max(worst, err)
-    print(f"   {api} b={b} sq={sq} sk={sk} h={h} hk={hk} d={d} causal={causal}: "
-          f"max |out - naive| = {err:.2e}")
+    out = flash_cuda.flash_attn_func(q, k, v, causal=causal)
+    ref = naive(q, k, v, scale, causal)
+    err = (out.double() - ref).abs().max().item()
+    # The backward through the package's autograd (the extension's C++ Functions).
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout.double())
+    grad_err = max((g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads))
+    worst = max(worst, err, grad_err)
+    print(f"   flash_cuda.flash_attn_func b={b} sq={sq} sk={sk} h={h} hk={hk} d={d} "
+          f"causal={causal}: max |out - naive| = {err:.2e}, max |grad - naive's| = "
+          f"{grad_err:.2e}")
 assert worst < 1e-4, f"max error {worst:.2e} >= 1e-4"
 print("   OK")
 EOF
