@@ -80,10 +80,13 @@ __device__ __forceinline__ uint32_t draw_word(const Philox4& r, int word) {
 // The four lanes of a quad hold the same rows: for each row and 4 key groups (S tiles 4j ..
 // 4j + 3) lane t draws group 4j + t once and the quad exchanges words (lane t needs word t of
 // each draw), so every draw is computed once, not four times. The keep bits are collected in a
-// loop that is not unrolled (few live registers), then applied. A block whose S tiles are not a
-// multiple of 4 (the sm90 d256 kernel's 80 keys: 10) draws the groups past its end in the last
-// round and leaves their bits unused.
-template <int kMTiles, int kKSteps>
+// loop unrolled kDrawUnroll times, then applied: a Philox draw is a chain of ten dependent
+// multiply / xor rounds, so one draw at a time (kDrawUnroll 1: few live registers, what the sm80
+// kernels can afford) leaves a warp waiting on its latency, while a fully unrolled loop (the
+// sm90 forward, 240 registers per consumer thread) keeps several chains in flight. A block whose
+// S tiles are not a multiple of 4 (the sm90 d256 kernel's 80 keys: 10) draws the groups past its
+// end in the last round and leaves their bits unused.
+template <int kMTiles, int kKSteps, int kDrawUnroll = 1>
 __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKSteps][4],
                                               const DropoutMask& mask, int row0, int key_block0,
                                               int lane) {
@@ -96,7 +99,7 @@ __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKStep
         for (int half = 0; half < 2; ++half) {
             const uint32_t row = static_cast<uint32_t>(row0 + 16 * mt + 8 * half);
             uint32_t bits = 0;  // bit 2 nt + c: key 8 nt + 2t + c of this row is kept
-#pragma unroll 1
+#pragma unroll kDrawUnroll
             for (int j = 0; j < (kNTiles + 3) / 4; ++j) {
                 const Philox4 r = mask.draws(row, static_cast<uint32_t>(key_block0 / 8 + 4 * j + t));
 #pragma unroll
@@ -129,8 +132,9 @@ __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKStep
 // halves of a 16-key tile once, turns them into a 32-bit keep mask (bit 16 half + 8 c + key % 8)
 // and every lane reads the masks of its queries with one shuffle per 8-query tile.
 // The mask is re-made from params inside the draw loop (nothing of it stays live in registers
-// across the loop: the backward's accumulators need them).
-template <int kKeyTiles, int kQTiles8>
+// across the loop: the backward's accumulators need them); kDrawUnroll draws (of 4) are in
+// flight at a time where the kernel has the registers (see apply_dropout).
+template <int kKeyTiles, int kQTiles8, int kDrawUnroll = 1>
 __device__ __forceinline__ void dropout_keep_bits_transposed(
     uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], const FwdParams& params, int64_t bh,
     int key_slice0, int query0, int lane) {
@@ -140,7 +144,7 @@ __device__ __forceinline__ void dropout_keep_bits_transposed(
 #pragma unroll
         for (int u = 0; u < (kQTiles8 + 7) / 8; ++u) {
             uint32_t drawn = 0;  // bit 16 half + 8 c + k: key group half, query 8 (8u + g) + 2t + c
-#pragma unroll 1
+#pragma unroll kDrawUnroll
             for (int hc = 0; hc < 4; ++hc) {
                 const int half = hc / 2, c = hc % 2;
                 const uint32_t query = static_cast<uint32_t>(query0 + 8 * (8 * u + g) + 2 * t + c);

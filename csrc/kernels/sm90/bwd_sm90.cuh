@@ -717,7 +717,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // drawn while S^T and dP^T accumulate.
         [[maybe_unused]] uint32_t keep[1][1];
         if constexpr (IsDropout) {
-            dropout_keep_bits_transposed<1, kBlockM / 8>(
+            // All four draws in flight, but two at d128 (more adds spill loads there).
+            dropout_keep_bits_transposed<1, kBlockM / 8, kHeadDim == 128 ? 2 : 4>(
                 keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + key_row0, m0,
                 lane);
         }

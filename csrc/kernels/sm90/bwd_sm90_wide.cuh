@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Dropout: the keep bits of the warp's 16 keys x this warpgroup's 32 queries.
         [[maybe_unused]] uint32_t keep[1][1];
         if constexpr (IsDropout) {
-            dropout_keep_bits_transposed<1, kCols / 8>(
+            dropout_keep_bits_transposed<1, kCols / 8, 4>(  // all four draws in flight
                 keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + key_row0,
                 m0 + kCols * c, lane);
         }
