@@ -82,8 +82,9 @@ __device__ __forceinline__ uint32_t draw_word(const Philox4& r, int word) {
 // each draw), so every draw is computed once, not four times. The keep bits are collected in a
 // loop unrolled kDrawUnroll times, then applied: a Philox draw is a chain of ten dependent
 // multiply / xor rounds, so one draw at a time (kDrawUnroll 1: few live registers, what the sm80
-// kernels can afford) leaves a warp waiting on its latency, while a fully unrolled loop (the
-// sm90 forward, 240 registers per consumer thread) keeps several chains in flight. A block whose
+// kernels can afford) leaves a warp waiting on its latency, while an unrolled loop (the sm90
+// kernels, 240 registers per consumer thread) keeps several chains in flight: 1.03-1.13x on the
+// sm90 dropout forward (bench/NOTES.md run 200; the rounds' own issue cost stays). A block whose
 // S tiles are not a multiple of 4 (the sm90 d256 kernel's 80 keys: 10) draws the groups past its
 // end in the last round and leaves their bits unused.
 template <int kMTiles, int kKSteps, int kDrawUnroll = 1>
