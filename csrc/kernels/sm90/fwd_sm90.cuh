@@ -664,10 +664,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 OnlineSoftmax<1>::rescale(o_frag, o_scale);
             }
             if constexpr (kDropout) {  // under the next S; the row sums above are undropped
-                // Several draws in flight (see apply_dropout): every one of the block, but at
-                // d128 two (all four spill beside its O accumulator).
-                constexpr int kDrawRounds = (kBlockN / 8 + 3) / 4;
-                apply_dropout<1, kBlockN / 16, Traits::kHeadDim == 128 ? 2 : kDrawRounds>(
+                // Several draws in flight (see apply_dropout): all of the block's (at most 4
+                // rounds), but two at d128 (all four spill beside its O accumulator).
+                apply_dropout<1, kBlockN / 16, Traits::kHeadDim == 128 ? 2 : 4>(
                     p_frag, dropout, ptx::opaque(m0 + warp_row0 + lane / 4),
                     (n_block_max - 1 - it) * kBlockN, lane);
             }
