@@ -32,12 +32,13 @@ def prefill(args) -> None:
     b = 16384 // args.seqlen
     q, k, v = (torch.randn(b, args.seqlen, h, args.d, device="cuda", dtype=torch.bfloat16,
                            requires_grad=args.bwd) for _ in range(3))
-    out = flash_cuda.flash_attn_func(q, k, v, causal=args.causal)
+    out = flash_cuda.flash_attn_func(q, k, v, dropout_p=args.dropout, causal=args.causal)
     if args.bwd:
         out.backward(torch.randn_like(out))
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         out = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=args.causal)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=args.dropout,
+            is_causal=args.causal)
         if args.bwd:
             out.backward(torch.randn_like(out))
     if args.cudnn:  # the same call through SDPA's cuDNN backend, on (b, h, s, d) copies as in
@@ -45,8 +46,8 @@ def prefill(args) -> None:
         qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(args.bwd)
                       for x in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
-                                                                   is_causal=args.causal)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                qt, kt, vt, dropout_p=args.dropout, is_causal=args.causal)
             if args.bwd:
                 out.backward(torch.randn_like(out))
 
@@ -92,6 +93,7 @@ def main() -> None:
     p.add_argument("--seqlen", type=int, default=4096)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--bwd", action="store_true", help="forward + backward")
+    p.add_argument("--dropout", type=float, default=0.0, help="prefill: dropout_p of every call")
     p.add_argument("--decode", action="store_true", help="decode steps (see the docstring)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--kv", type=int, default=32768, help="decode: cache length")

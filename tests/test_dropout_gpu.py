@@ -153,6 +153,10 @@ SM90_CASES = [  # dtype, d, sq, sk, h, hk, p, causal, window (width < d)
     (torch.bfloat16, 64, 257, 300, 2, 2, 0.5, True, (62, 0)),
     (torch.bfloat16, 256, 129, 255, 2, 1, 0.17, False, (100, 100)),
     (torch.float16, 256, 200, 333, 3, 3, 0.4, True, (200, 0)),
+    # The ends of the 16-bit threshold: 0 (p_keep * 65536 rounds to 0: nothing kept) and 65536
+    # (everything kept), which the d64 / d128 mask tests without a branch (dropout.cuh).
+    (torch.bfloat16, 64, 130, 200, 2, 1, 1 - 2.0 ** -18, False, (30, 30)),
+    (torch.float16, 128, 100, 150, 2, 2, 2.0 ** -18, True, (90, 0)),
 ]
 
 

@@ -17,6 +17,7 @@
 
 #include "kernels/params.h"
 #include "kernels/philox.cuh"
+#include "kernels/ptx.cuh"
 
 namespace flash_cuda {
 
@@ -119,6 +120,66 @@ __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKStep
                 const uint32_t and_mask = ((pair & 1u) ? 0x0000FFFFu : 0u) |
                                           ((pair & 2u) ? 0xFFFF0000u : 0u);
                 p_frag[mt][nt / 2][2 * (nt % 2) + half] &= and_mask;
+            }
+        }
+    }
+}
+
+// Forward on Hopper (the sm90 forward at d64 / d128, where shared memory has room): as
+// apply_dropout, but the quad's words change hands through shared memory instead of shuffles
+// and runtime-indexed selects, and each word masks its pair of P with two compares and two
+// predicated ANDs (the high draw against threshold << 16, no shift): about half of
+// apply_dropout's ALU instructions per draw beside the Philox rounds' own 20 IMAD.WIDE + 20
+// LOP3 (bench/NOTES.md session 42: the ALU pipe bounds the dropout forward). For each row and kChunk rounds of 4 key groups, lane t of a quad draws
+// group 4j + t and writes word k of its draw to row k ^ f, column t of the quad's 4 x 4 word
+// matrix of round j (scratch + 512 j + 64 quad; f = (quad / 2) % 4 spreads the 8 quads' stores
+// over the 32 banks); lane t then reads row t ^ f, 16 bytes: word t of groups 4j .. 4j + 3, its
+// two keys of S tiles 4j .. 4j + 3. scratch: the warp's kChunk x 512 bytes, 16-byte aligned.
+template <int kKSteps, int kChunk>
+__device__ __forceinline__ void apply_dropout_via_smem(uint32_t (&p_frag)[1][kKSteps][4],
+                                                       const DropoutMask& mask, int row0,
+                                                       int key_block0, int lane,
+                                                       uint32_t scratch) {
+    constexpr int kRounds = kKSteps / 2;  // 4 S tiles (8 keys each) per round
+    static_assert(kKSteps % 2 == 0 && kRounds % kChunk == 0, "whole rounds of 4 S tiles");
+    // The high draw is below the threshold <=> word <= (threshold << 16) - 1, which fits 32 bits
+    // up to threshold 65536 (dropout_p within 2^-17 of 0); threshold 0 (within 2^-17 of 1) keeps
+    // nothing (any_kept). No branch here: early exits made ptxas spill the d128 kernel.
+    const uint32_t word_bound_hi = (mask.threshold << 16) - 1u;
+    const bool any_kept = mask.threshold != 0u;
+    const int t = lane % 4, quad = lane / 4, f = (quad / 2) % 4;
+    const uint32_t quad_matrix = scratch + 64 * quad;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const uint32_t row = static_cast<uint32_t>(row0 + 8 * half);
+#pragma unroll
+        for (int j0 = 0; j0 < kRounds; j0 += kChunk) {
+            Philox4 r[kChunk];
+#pragma unroll
+            for (int u = 0; u < kChunk; ++u) {
+                r[u] = mask.draws(row, static_cast<uint32_t>(key_block0 / 8 + 4 * (j0 + u) + t));
+            }
+            __syncwarp();  // the lanes' reads of the previous chunk are done
+#pragma unroll
+            for (int u = 0; u < kChunk; ++u) {
+                const uint32_t words[4] = {r[u].x, r[u].y, r[u].z, r[u].w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    ptx::st_shared_4(quad_matrix + 512 * u + 16 * (k ^ f) + 4 * t, words[k]);
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int u = 0; u < kChunk; ++u) {
+                const uint4 v = ptx::ld_shared_16(quad_matrix + 512 * u + 16 * (t ^ f));
+                const uint32_t mine[4] = {v.x, v.y, v.z, v.w};  // S tiles 4 (j0 + u) + g
+#pragma unroll
+                for (int g = 0; g < 4; ++g) {
+                    const int nt = 4 * (j0 + u) + g;
+                    uint32_t& pair = p_frag[0][nt / 2][2 * (nt % 2) + half];
+                    if (!((mine[g] & 0xFFFFu) < mask.threshold)) pair &= 0xFFFF0000u;
+                    if (!(mine[g] <= word_bound_hi && any_kept)) pair &= 0x0000FFFFu;
+                }
             }
         }
     }

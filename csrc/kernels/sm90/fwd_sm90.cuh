@@ -22,7 +22,9 @@
 //                      causal; else FADDs of the 16-bit P per thread (add_p_row_sums),
 //                      quad-reduced at the epilogue (kRowSumsOnTensorCores)
 //       dropout        (DropoutTraits) P's A fragments masked after the FADD row sums, under
-//                      the next S (dropout.cuh apply_dropout, the sm80 forward's mask)
+//                      the next S (dropout.cuh apply_dropout_via_smem at d64 / d128, with a
+//                      scratch of 2 KB per consumer warp; apply_dropout at d256; the sm80
+//                      forward's mask)
 //   Epilogue: O / l, lse per row. O either straight from the accumulators to global (4-byte
 //     stores) or (StagedOTraits, the calls the launcher picks: fwd_sm90_store_o_by_tma, fixed
 //     length) through shared memory and out by TMA stores (one thread per warpgroup, 64-row
@@ -120,9 +122,17 @@ struct FwdSm90Traits {
     static constexpr int kOSlabsPerBuffer = kKVTileBytes / kQSlabBytes;
     static_assert(!kOInKVBuffers || 2 * kOSlabsPerBuffer >= kSlabs,
                   "the staged O must fit the last key block's K and V buffers");
-    static constexpr int kSmemOnesOffset = kSmemOOffset + kOBytes;
+    // Dropout at d64 / d128 (apply_dropout_via_smem): each consumer warp's kDropoutChunk x 512
+    // bytes where its quads exchange Philox words; d256 has no room (shuffles, apply_dropout).
+    static constexpr bool kDropoutViaSmem = Dropout && HeadDim <= 128;
+    // Rounds of draws in flight (4 S tiles each); 4 at d128 spill (4 bytes).
+    static constexpr int kDropoutChunk = HeadDim == 64 ? 4 : 2;
+    static constexpr int kDropoutScratchBytes =
+        kDropoutViaSmem ? 4 * kConsumerWarpgroups * kDropoutChunk * 512 : 0;
+    static constexpr int kSmemScratchOffset = kSmemOOffset + kOBytes;
+    static constexpr int kSmemOnesOffset = kSmemScratchOffset + kDropoutScratchBytes;
     static constexpr int kSmemBarOffset = kSmemOnesOffset + kOnesBytes;
-    static constexpr int kSmemBytes = kSmemBytesButO + kOBytes;
+    static constexpr int kSmemBytes = kSmemBytesButO + kOBytes + kDropoutScratchBytes;
 
     // The geometry the sm80 helpers (warp_gemm.cuh: P -> A fragments) see: one 16-row
     // slice per warp, kBlockN keys.
@@ -188,7 +198,7 @@ void with_fwd_sm90_traits(const FwdParams& params, F&& f) {
 // Shared-memory addresses of the CTA's tiles and barriers.
 template <typename Traits>
 struct Sm90Smem {
-    uint32_t q, k, v, o, ones, bar;
+    uint32_t q, k, v, o, scratch, ones, bar;
     __device__ __forceinline__ static Sm90Smem make() {
         const uint32_t raw = ptx::smem_addr(ptx::dynamic_smem());
         Sm90Smem s;
@@ -196,6 +206,7 @@ struct Sm90Smem {
         s.k = s.q + Traits::kSmemKOffset;
         s.v = s.q + Traits::kSmemVOffset;
         s.o = s.q + Traits::kSmemOOffset;
+        s.scratch = s.q + Traits::kSmemScratchOffset;
         s.ones = s.q + Traits::kSmemOnesOffset;
         s.bar = s.q + Traits::kSmemBarOffset;
         return s;
@@ -664,11 +675,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 OnlineSoftmax<1>::rescale(o_frag, o_scale);
             }
             if constexpr (kDropout) {  // under the next S; the row sums above are undropped
-                // Several draws in flight (see apply_dropout): all of the block's (at most 4
-                // rounds), but two at d128 (all four spill beside its O accumulator).
-                apply_dropout<1, kBlockN / 16, Traits::kHeadDim == 128 ? 2 : 4>(
-                    p_frag, dropout, ptx::opaque(m0 + warp_row0 + lane / 4),
-                    (n_block_max - 1 - it) * kBlockN, lane);
+                // Several draws in flight: kDropoutChunk rounds (d64 / d128, the words
+                // exchanged in shared memory), all of the block's three at d256 (shuffles).
+                const int dropout_row0 = ptx::opaque(m0 + warp_row0 + lane / 4);
+                const int key_block0 = (n_block_max - 1 - it) * kBlockN;
+                if constexpr (Traits::kDropoutViaSmem) {
+                    constexpr int kChunk = Traits::kDropoutChunk;
+                    apply_dropout_via_smem<kBlockN / 16, kChunk>(
+                        p_frag, dropout, dropout_row0, key_block0, lane,
+                        smem.scratch + (tid / 32 - 4) * kChunk * 512);
+                } else {
+                    apply_dropout<1, kBlockN / 16, 4>(p_frag, dropout, dropout_row0, key_block0,
+                                                      lane);
+                }
             }
             wait_phase(smem.full_v(stage_of(it)), phase_of(it));
             if constexpr (rescale_after_v_wait) OnlineSoftmax<1>::rescale(o_frag, o_scale);
