@@ -146,11 +146,12 @@ __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKStep
 // and runtime-indexed selects, and each word masks its pair of P with two compares and two
 // predicated ANDs (the high draw against threshold << 16, no shift): about half of
 // apply_dropout's ALU instructions per draw beside the Philox rounds' own 20 IMAD.WIDE + 20
-// LOP3 (bench/NOTES.md session 42: the ALU pipe bounds the dropout forward). For each row and kChunk rounds of 4 key groups, lane t of a quad draws
-// group 4j + t and writes word k of its draw to row k ^ f, column t of the quad's 4 x 4 word
-// matrix of round j (scratch + 512 j + 64 quad; f = (quad / 2) % 4 spreads the 8 quads' stores
-// over the 32 banks); lane t then reads row t ^ f, 16 bytes: word t of groups 4j .. 4j + 3, its
-// two keys of S tiles 4j .. 4j + 3. scratch: the warp's kChunk x 512 bytes, 16-byte aligned.
+// LOP3 (bench/NOTES.md session 42: the ALU pipe bounds the dropout forward).
+// For each row and kChunk rounds of 4 key groups, lane t of a quad draws group 4j + t and writes
+// word k of its draw to row k ^ f, column t of the quad's 4 x 4 word matrix of round j (scratch
+// + 512 j + 64 quad; f = (quad / 2) % 4 spreads the 8 quads' stores over the 32 banks); lane t
+// then reads row t ^ f, 16 bytes: word t of groups 4j .. 4j + 3, its two keys of S tiles 4j ..
+// 4j + 3. scratch: the warp's kChunk x 512 bytes, 16-byte aligned.
 template <int kKSteps, int kChunk>
 __device__ __forceinline__ void apply_dropout_via_smem(uint32_t (&p_frag)[1][kKSteps][4],
                                                        const DropoutMask& mask, int row0,

@@ -854,7 +854,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 
     // ---- dK, dV of this warp's 16 keys.
-    if constexpr (IsDropout && kDropPacked) {  // dV += (P o M)^T dO: the 1 / p_keep of P o M / p_keep
+    if constexpr (IsDropout && kDropPacked) {  // dV += (P o M)^T dO: scaled by 1 / p_keep here
 #pragma unroll
         for (int i = 0; i < static_cast<int>(sizeof(acc_dv) / sizeof(float)); ++i) {
             acc_dv[i] *= params.rp_keep;

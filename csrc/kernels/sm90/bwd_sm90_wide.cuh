@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 
     // ---- dK, dV: the warp's 16 keys, this warpgroup's 128 columns.
-    if constexpr (IsDropout) {  // dV += (P o M)^T dO above: the 1 / p_keep of P o M / p_keep
+    if constexpr (IsDropout) {  // dV += (P o M)^T dO: scaled by 1 / p_keep here
 #pragma unroll
         for (int i = 0; i < static_cast<int>(sizeof(acc_dv) / sizeof(float)); ++i) {
             acc_dv[i] *= params.rp_keep;
