@@ -241,10 +241,34 @@ def persistent_forward_calls():
                     lambda: flash_cuda.flash_attn_func(q, k, v, causal=causal))
 
 
+def dropout_calls():
+    """Forward and backward with dropout, fixed length (persistent sm90 forward CTAs walking two
+    tiles) and varlen, causal and not, d64 / d128 / d256: the sm90 forward's quads exchange their
+    Philox words through shared memory at d64 / d128 (racecheck's case), the backward's warp-
+    uniform mask; deterministic=True too (the ordered sm90 backward)."""
+    b, s, h = 2, 300, 24
+    for d in (64, 128, 256):
+        q, k, v = (rand(b, s, h, d, grad=True) for _ in range(3))
+        for causal, deterministic in ((False, False), (True, False), (False, True)):
+            def call():
+                out = flash_cuda.flash_attn_func(q, k, v, dropout_p=0.17, causal=causal,
+                                                 deterministic=deterministic)
+                out.sum().backward()
+            run(f"dropout d{d} b{b} s{s} h{h} causal={causal} deterministic={deterministic}",
+                call)
+        lens = [130, 1, 257]
+        cu = ints([0, 130, 131, 388])
+        qv, kv, vv = (rand(sum(lens), 4, d, grad=True) for _ in range(3))
+        run(f"dropout varlen d{d} lengths {lens}",
+            lambda: flash_cuda.flash_attn_varlen_func(
+                qv, kv, vv, cu, cu, max(lens), max(lens), dropout_p=0.3,
+                causal=True).sum().backward())
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     sections = (decode_calls, unchecked_decode_calls, ring_decode_calls, overlap_decode_calls,
-                head_group_decode_calls, prefill_calls, persistent_forward_calls)
+                head_group_decode_calls, prefill_calls, persistent_forward_calls, dropout_calls)
     # --only NAME[,NAME...]: those sections alone (e.g. on a build of a few head dims).
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     unknown = set(only or ()) - {section.__name__ for section in sections}
