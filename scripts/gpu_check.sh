@@ -18,7 +18,8 @@
 #   SANITIZE      compute-sanitizer tools to run scripts/sanitize_kernels.py under (small ragged
 #                 calls of every kernel family), e.g. "memcheck" or "memcheck racecheck"; each
 #                 runs with the default kernels and with FLASH_CUDA_SM90=0 (SANITIZE_TIMEOUT, 240 s
-#                 per run)
+#                 per run); SANITIZE_MODES ("default 0") picks those, SANITIZE_ARGS are the
+#                 script's arguments, e.g. "--only dropout_calls"
 #   PYTEST_MAXFAIL (1)  stop after this many failing tests
 #   PYTEST_TIMEOUT (420)  BUILD_TIMEOUT (480)  BENCH_TIMEOUT (540)   seconds per step
 #   BENCH_ARGS    arguments of bench/bench_attention.py (default: --quick; --full: the grid)
@@ -133,13 +134,13 @@ fi
 
 # (b3) compute-sanitizer over scripts/sanitize_kernels.py
 for tool in ${SANITIZE:-}; do
-    for sm90 in default 0; do
+    for sm90 in ${SANITIZE_MODES:-default 0}; do
         want "${SKIP_TESTS:-0}" "sanitize $tool" "${SANITIZE_TIMEOUT:-240}" || continue
         log="sanitize_${tool}_sm90${sm90}.log"
         echo "== compute-sanitizer --tool $tool (FLASH_CUDA_SM90=$sm90, timeout ${t}s)"
         if [ "$sm90" = default ]; then envs=(); else envs=(FLASH_CUDA_SM90="$sm90"); fi
         env "${envs[@]}" timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 7 \
-            python3 scripts/sanitize_kernels.py > "$OUT/$log" 2>&1
+            python3 scripts/sanitize_kernels.py ${SANITIZE_ARGS:-} > "$OUT/$log" 2>&1
         rc=$?
         line=$(grep -m 1 -E "(ERROR|RACECHECK) SUMMARY" "$OUT/$log")
         if [ $rc -eq 0 ] && grep -q '^ok$' "$OUT/$log"; then
