@@ -49,22 +49,6 @@ struct DropoutMask {
         return m;
     }
 
-    // make's, every word lane 0's: ptxas can then keep the key and the stream in uniform
-    // registers and form the ten round keys with uniform adds, not per lane (the seed may come
-    // from memory, so it cannot prove them uniform).
-    __device__ __forceinline__ static DropoutMask make_warp_uniform(const FwdParams& params,
-                                                                    int64_t bh) {
-        DropoutMask m = make(params, bh);
-        auto uniform64 = [](uint64_t x) {
-            const uint32_t lo = static_cast<uint32_t>(ptx::warp_uniform(static_cast<int>(x)));
-            const uint32_t hi = static_cast<uint32_t>(ptx::warp_uniform(static_cast<int>(x >> 32)));
-            return (static_cast<uint64_t>(hi) << 32) | lo;
-        };
-        m.seed = uniform64(m.seed);
-        m.stream = uniform64(m.stream);
-        return m;
-    }
-
     // The eight 16-bit draws of keys [8 group, 8 group + 8) of query `row`.
     __device__ __forceinline__ Philox4 draws(uint32_t row, uint32_t group) const {
         return philox4x32_10(Philox4{group, row, static_cast<uint32_t>(stream),
@@ -210,14 +194,13 @@ __device__ __forceinline__ void apply_dropout_via_smem(uint32_t (&p_frag)[1][kKS
 // is shared by 8 lanes: lane (g, t) draws the queries 8 g + 2t + c (c = 0, 1) of both 8-key
 // halves of a 16-key tile once, turns them into a 32-bit keep mask (bit 16 half + 8 c + key % 8)
 // and every lane reads the masks of its queries with one shuffle per 8-query tile.
-// mask_of() gives the DropoutMask at each draw: the sm80 backward re-makes it from params
-// there (nothing of it stays live in registers across its loop: its accumulators need them),
-// the sm90 kernels pass one made warp-uniform per tile (uniform registers). kDrawUnroll draws
-// (of 4) are in flight at a time where the kernel has the registers (see apply_dropout).
-template <int kKeyTiles, int kQTiles8, int kDrawUnroll = 1, typename MaskOf>
+// The mask is re-made from params inside the draw loop (nothing of it stays live in registers
+// across the loop: the backward's accumulators need them); kDrawUnroll draws (of 4) are in
+// flight at a time where the kernel has the registers (see apply_dropout).
+template <int kKeyTiles, int kQTiles8, int kDrawUnroll = 1>
 __device__ __forceinline__ void dropout_keep_bits_transposed(
-    uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], MaskOf&& mask_of, int key_slice0,
-    int query0, int lane) {
+    uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], const FwdParams& params, int64_t bh,
+    int key_slice0, int query0, int lane) {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int mt = 0; mt < kKeyTiles; ++mt) {
@@ -229,7 +212,7 @@ __device__ __forceinline__ void dropout_keep_bits_transposed(
                 const int half = hc / 2, c = hc % 2;
                 const uint32_t query = static_cast<uint32_t>(query0 + 8 * (8 * u + g) + 2 * t + c);
                 const uint32_t group = static_cast<uint32_t>((key_slice0 + 16 * mt + 8 * half) / 8);
-                const DropoutMask mask = mask_of();
+                const DropoutMask mask = DropoutMask::make(params, bh);
                 const Philox4 r = mask.draws(query, group);
                 const uint32_t words[4] = {r.x, r.y, r.z, r.w};
                 uint32_t m = 0;
@@ -252,14 +235,6 @@ __device__ __forceinline__ void dropout_keep_bits_transposed(
     }
 }
 
-template <int kKeyTiles, int kQTiles8, int kDrawUnroll = 1>
-__device__ __forceinline__ void dropout_keep_bits_transposed(
-    uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], const FwdParams& params, int64_t bh,
-    int key_slice0, int query0, int lane) {
-    dropout_keep_bits_transposed<kKeyTiles, kQTiles8, kDrawUnroll>(
-        keep, [&] { return DropoutMask::make(params, bh); }, key_slice0, query0, lane);
-}
-
 // Whether element (mt, nt, e) of a P^T fragment is kept, from keep[mt] of
 // dropout_keep_bits_transposed (bit 4 (nt % 8) + e of word nt / 8).
 template <int kWords>
@@ -280,29 +255,6 @@ __device__ __forceinline__ void drop_transposed(
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 x[mt][nt][e] = kept_transposed(keep[mt], nt, e) ? x[mt][nt][e] * scale : 0.f;
-            }
-        }
-    }
-}
-
-// Backward, on the 16-bit A fragments of P^T that convert_p_to_a_fragments made of such a
-// fragment (p[mt][kk] = {S tile 2kk rows g, rows g + 8, S tile 2kk + 1 rows g, rows g + 8},
-// elements 2t, 2t + 1 of each): the dropped elements zeroed, the kept left unscaled (the caller
-// scales dV by 1 / p_keep once, at the end). One predicated AND per element instead of a
-// multiply and a select on the fp32 values.
-template <int kKeyTiles, int kKSteps>
-__device__ __forceinline__ void drop_pairs_transposed(
-    uint32_t (&p)[kKeyTiles][kKSteps][4],
-    const uint32_t (&keep)[kKeyTiles][(2 * kKSteps + 7) / 8]) {
-#pragma unroll
-    for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int nt = 2 * kk + r / 2, e0 = 2 * (r % 2);
-                if (!kept_transposed(keep[mt], nt, e0)) p[mt][kk][r] &= 0xFFFF0000u;
-                if (!kept_transposed(keep[mt], nt, e0 + 1)) p[mt][kk][r] &= 0x0000FFFFu;
             }
         }
     }
