@@ -23,8 +23,8 @@
 //                      quad-reduced at the epilogue (kRowSumsOnTensorCores)
 //       dropout        (DropoutTraits) P's A fragments masked after the FADD row sums, under
 //                      the next S (dropout.cuh apply_dropout_via_smem at d64 / d128, with a
-//                      scratch of 2 KB per consumer warp; apply_dropout at d256; the sm80
-//                      forward's mask)
+//                      scratch of 2 KB (d64) / 1 KB (d128) per consumer warp; apply_dropout at
+//                      d256; the sm80 forward's mask)
 //   Epilogue: O / l, lse per row. O either straight from the accumulators to global (4-byte
 //     stores) or (StagedOTraits, the calls the launcher picks: fwd_sm90_store_o_by_tma, fixed
 //     length) through shared memory and out by TMA stores (one thread per warpgroup, 64-row
