@@ -49,6 +49,22 @@ struct DropoutMask {
         return m;
     }
 
+    // make's, every word lane 0's: ptxas can then keep the key and the stream in uniform
+    // registers and form the ten round keys with uniform adds, not per lane (the seed may come
+    // from memory, so it cannot prove them uniform).
+    __device__ __forceinline__ static DropoutMask make_warp_uniform(const FwdParams& params,
+                                                                    int64_t bh) {
+        DropoutMask m = make(params, bh);
+        auto uniform64 = [](uint64_t x) {
+            const uint32_t lo = static_cast<uint32_t>(ptx::warp_uniform(static_cast<int>(x)));
+            const uint32_t hi = static_cast<uint32_t>(ptx::warp_uniform(static_cast<int>(x >> 32)));
+            return (static_cast<uint64_t>(hi) << 32) | lo;
+        };
+        m.seed = uniform64(m.seed);
+        m.stream = uniform64(m.stream);
+        return m;
+    }
+
     // The eight 16-bit draws of keys [8 group, 8 group + 8) of query `row`.
     __device__ __forceinline__ Philox4 draws(uint32_t row, uint32_t group) const {
         return philox4x32_10(Philox4{group, row, static_cast<uint32_t>(stream),
@@ -67,8 +83,57 @@ __device__ __forceinline__ void write_rng_state(const FwdParams& params, int tid
     }
 }
 
-__device__ __forceinline__ uint32_t draw_word(const Philox4& r, int word) {
-    return word == 0 ? r.x : word == 1 ? r.y : word == 2 ? r.z : r.w;
+// Zeroes the dropped halves of a packed pair of P (keys 2t, 2t + 1 of one S tile and row, the
+// lower key in the low half) given its draw word (the lower key's draw in the low 16 bits):
+// two compares and two predicated ANDs, no shift. The high draw is below the threshold <=>
+// word <= (threshold << 16) - 1, which fits 32 bits up to threshold 65536 (dropout_p within
+// 2^-17 of 0); threshold 0 (within 2^-17 of 1) keeps nothing (any_kept). No early exit for
+// either end: those made ptxas spill the sm90 d128 forward.
+struct PairDrop {
+    uint32_t threshold;
+    uint32_t word_bound_hi;
+    bool any_kept;
+
+    __device__ __forceinline__ explicit PairDrop(uint32_t keep_threshold)
+        : threshold(keep_threshold),
+          word_bound_hi((keep_threshold << 16) - 1u),
+          any_kept(keep_threshold != 0u) {}
+
+    __device__ __forceinline__ void operator()(uint32_t& pair, uint32_t word) const {
+        if (!((word & 0xFFFFu) < threshold)) pair &= 0xFFFF0000u;
+        if (!(word <= word_bound_hi && any_kept)) pair &= 0x0000FFFFu;
+    }
+};
+
+// The 4 x 4 word transpose of a quad's draws by shuffles: lane t (= lane % 4 = 2c + b) holds
+// the four words of its own draw r; on return mine[g] is word t of quad lane g's draw. Two
+// butterfly stages, each trading two words with one partner (lane t ^ 1, then t ^ 2); the
+// selects go by the lane's bits b and c, so every word ends in a register known at compile
+// time (no runtime-indexed select, no keep bits to build): 4 shuffles and 16 selects per draw.
+__device__ __forceinline__ void quad_transpose_words(uint32_t (&mine)[4], const Philox4& r,
+                                                     int lane) {
+    const bool b = (lane & 1) != 0, c = (lane & 2) != 0;
+    // Stage 1, partner t ^ 1: keep the own words b and b + 2, give words b ^ 1 and (b ^ 1) + 2,
+    // get the partner's words b and b + 2 (it gives those).
+    const uint32_t keep_lo = b ? r.y : r.x, keep_hi = b ? r.w : r.z;
+    const uint32_t give_lo = b ? r.x : r.y, give_hi = b ? r.z : r.w;
+    const uint32_t got_lo = __shfl_xor_sync(0xffffffffu, give_lo, 1);
+    const uint32_t got_hi = __shfl_xor_sync(0xffffffffu, give_hi, 1);
+    // Held now: words b (lo) and b + 2 (hi) of groups 2c + b (keep) and 2c + (b ^ 1) (got).
+    // Stage 2, partner t ^ 2: keep words b + 2c = t, give words t ^ 2 (the partner's t).
+    const uint32_t near_same = c ? keep_hi : keep_lo;   // group 2c + b
+    const uint32_t near_other = c ? got_hi : got_lo;    // group 2c + (b ^ 1)
+    const uint32_t give_same = c ? keep_lo : keep_hi;
+    const uint32_t give_other = c ? got_lo : got_hi;
+    const uint32_t far_same = __shfl_xor_sync(0xffffffffu, give_same, 2);    // 2 (c ^ 1) + b
+    const uint32_t far_other = __shfl_xor_sync(0xffffffffu, give_other, 2);  // 2 (c ^ 1) + (b ^ 1)
+    // Group 2C + B is near if C == c, far else; "same" if B == b.
+    const uint32_t near0 = b ? near_other : near_same, near1 = b ? near_same : near_other;
+    const uint32_t far0 = b ? far_other : far_same, far1 = b ? far_same : far_other;
+    mine[0] = c ? far0 : near0;
+    mine[1] = c ? far1 : near1;
+    mine[2] = c ? near0 : far0;
+    mine[3] = c ? near1 : far1;
 }
 
 // Forward: zeroes the dropped elements of P, given as the 16-bit A fragments of P V
@@ -79,19 +144,58 @@ __device__ __forceinline__ uint32_t draw_word(const Philox4& r, int word) {
 // 1 / p_keep at the end). row0 = query of S element (0, 0, 0); key_block0 = first key of the
 // block (a multiple of 8).
 // The four lanes of a quad hold the same rows: for each row and 4 key groups (S tiles 4j ..
-// 4j + 3) lane t draws group 4j + t once and the quad exchanges words (lane t needs word t of
-// each draw), so every draw is computed once, not four times. The keep bits are collected in a
-// loop unrolled kDrawUnroll times, then applied: a Philox draw is a chain of ten dependent
-// multiply / xor rounds, so one draw at a time (kDrawUnroll 1: few live registers, what the sm80
-// kernels can afford) leaves a warp waiting on its latency, while an unrolled loop (the sm90
-// kernels, 240 registers per consumer thread) keeps several chains in flight: 1.03-1.13x on the
-// sm90 dropout forward (bench/NOTES.md run 200; the rounds' own issue cost stays). A block whose
-// S tiles are not a multiple of 4 (the sm90 d256 kernel's 80 keys: 10) draws the groups past its
-// end in the last round and leaves their bits unused.
-template <int kMTiles, int kKSteps, int kDrawUnroll = 1>
+// 4j + 3) lane t draws group 4j + t once and the quad transposes the words by shuffles
+// (quad_transpose_words: lane t needs word t of each draw), so every draw is computed once, not
+// four times; each word then masks its pair (PairDrop). The loops are unrolled whole (every
+// pair's register is known at compile time), so a draw's chain of ten dependent multiply / xor
+// rounds can overlap the previous draw's exchange where the registers allow. Used by the sm80
+// forward (its d64 dropout tile is 128 x 64: on 128 x 128 this spilled); apply_dropout_keep_bits
+// below is the version in fewer registers, apply_dropout_via_smem the one through shared memory.
+// Before session 43 the sm80 forward used apply_dropout_keep_bits (one draw at a time): about
+// 1.27x the instructions per key of the d64 kernel (local SASS, bench/NOTES.md session 43).
+template <int kMTiles, int kKSteps>
 __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKSteps][4],
                                               const DropoutMask& mask, int row0, int key_block0,
                                               int lane) {
+    constexpr int kNTiles = 2 * kKSteps;  // 8-key S tiles
+    static_assert(kNTiles % 4 == 0, "whole rounds of 4 S tiles (the sm80 tiles' 32+ keys)");
+    const PairDrop drop(mask.threshold);
+    const int t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const uint32_t row = static_cast<uint32_t>(row0 + 16 * mt + 8 * half);
+#pragma unroll
+            for (int j = 0; j < kNTiles / 4; ++j) {
+                const Philox4 r = mask.draws(row, static_cast<uint32_t>(key_block0 / 8 + 4 * j + t));
+                uint32_t mine[4];  // S tiles 4j + g: keys 8 (4j + g) + 2t, + 1 of this row
+                quad_transpose_words(mine, r, lane);
+#pragma unroll
+                for (int g = 0; g < 4; ++g) {
+                    const int nt = 4 * j + g;
+                    drop(p_frag[mt][nt / 2][2 * (nt % 2) + half], mine[g]);
+                }
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ uint32_t draw_word(const Philox4& r, int word) {
+    return word == 0 ? r.x : word == 1 ? r.y : word == 2 ? r.z : r.w;
+}
+
+// Forward, in fewer registers than apply_dropout (the sm90 d256 forward, where apply_dropout's
+// transposed words spill 40 bytes): the same draws, but lane t takes word t of each partner's
+// draw by a shuffle of a runtime-selected word (draw_word: branches) and collects keep bits
+// (bit 2 nt + c), applied per pair after the draws; kDrawUnroll draws in flight (the d256
+// kernel: all three of a row's; the block's 10 S tiles leave the last round's two groups
+// unused). About twice apply_dropout's instructions per draw beside the Philox rounds (local
+// SASS of the sm80 d64 kernel, bench/NOTES.md session 43).
+template <int kMTiles, int kKSteps, int kDrawUnroll = 1>
+__device__ __forceinline__ void apply_dropout_keep_bits(uint32_t (&p_frag)[kMTiles][kKSteps][4],
+                                                        const DropoutMask& mask, int row0,
+                                                        int key_block0, int lane) {
     constexpr int kNTiles = 2 * kKSteps;  // 8-key S tiles
     static_assert(kNTiles <= 16, "key block: at most 128 keys (2 keep bits per S tile)");
     const int t = lane % 4;
@@ -127,10 +231,9 @@ __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKStep
 
 // Forward on Hopper (the sm90 forward at d64 / d128, where shared memory has room): as
 // apply_dropout, but the quad's words change hands through shared memory instead of shuffles
-// and runtime-indexed selects, and each word masks its pair of P with two compares and two
-// predicated ANDs (the high draw against threshold << 16, no shift): about half of
-// apply_dropout's ALU instructions per draw beside the Philox rounds' own 20 IMAD.WIDE + 20
-// LOP3 (bench/NOTES.md session 42: the ALU pipe bounds the dropout forward).
+// (4 stores and one 16-byte load per draw instead of 4 shuffles and 16 selects) beside the
+// Philox rounds' own 20 IMAD.WIDE + 20 LOP3 (bench/NOTES.md session 42: the ALU pipe bounds the
+// dropout forward).
 // For each row and kChunk rounds of 4 key groups, lane t of a quad draws group 4j + t and writes
 // word k of its draw to row k ^ f, column t of the quad's 4 x 4 word matrix of round j (scratch
 // + 512 j + 64 quad; f = (quad / 2) % 4 spreads the 8 quads' stores over the 32 banks); lane t
@@ -143,11 +246,7 @@ __device__ __forceinline__ void apply_dropout_via_smem(uint32_t (&p_frag)[1][kKS
                                                        uint32_t scratch) {
     constexpr int kRounds = kKSteps / 2;  // 4 S tiles (8 keys each) per round
     static_assert(kKSteps % 2 == 0 && kRounds % kChunk == 0, "whole rounds of 4 S tiles");
-    // The high draw is below the threshold <=> word <= (threshold << 16) - 1, which fits 32 bits
-    // up to threshold 65536 (dropout_p within 2^-17 of 0); threshold 0 (within 2^-17 of 1) keeps
-    // nothing (any_kept). No branch here: early exits made ptxas spill the d128 kernel.
-    const uint32_t word_bound_hi = (mask.threshold << 16) - 1u;
-    const bool any_kept = mask.threshold != 0u;
+    const PairDrop drop(mask.threshold);
     const int t = lane % 4, quad = lane / 4, f = (quad / 2) % 4;
     const uint32_t quad_matrix = scratch + 64 * quad;
 #pragma unroll
@@ -177,9 +276,7 @@ __device__ __forceinline__ void apply_dropout_via_smem(uint32_t (&p_frag)[1][kKS
 #pragma unroll
                 for (int g = 0; g < 4; ++g) {
                     const int nt = 4 * (j0 + u) + g;
-                    uint32_t& pair = p_frag[0][nt / 2][2 * (nt % 2) + half];
-                    if (!((mine[g] & 0xFFFFu) < mask.threshold)) pair &= 0xFFFF0000u;
-                    if (!(mine[g] <= word_bound_hi && any_kept)) pair &= 0x0000FFFFu;
+                    drop(p_frag[0][nt / 2][2 * (nt % 2) + half], mine[g]);
                 }
             }
         }
@@ -194,13 +291,15 @@ __device__ __forceinline__ void apply_dropout_via_smem(uint32_t (&p_frag)[1][kKS
 // is shared by 8 lanes: lane (g, t) draws the queries 8 g + 2t + c (c = 0, 1) of both 8-key
 // halves of a 16-key tile once, turns them into a 32-bit keep mask (bit 16 half + 8 c + key % 8)
 // and every lane reads the masks of its queries with one shuffle per 8-query tile.
-// The mask is re-made from params inside the draw loop (nothing of it stays live in registers
-// across the loop: the backward's accumulators need them); kDrawUnroll draws (of 4) are in
-// flight at a time where the kernel has the registers (see apply_dropout).
-template <int kKeyTiles, int kQTiles8, int kDrawUnroll = 1>
+// mask_of() gives the DropoutMask at each draw: the sm80 backward re-makes it from params
+// there (nothing of it stays live in registers across its loop: its accumulators need them),
+// the sm90 kernels pass one made warp-uniform per tile (uniform registers). kDrawUnroll draws
+// (of 4) are in flight at a time where the kernel has the registers (a Philox draw is a chain
+// of ten dependent multiply / xor rounds: one at a time leaves the warp waiting on its latency).
+template <int kKeyTiles, int kQTiles8, int kDrawUnroll = 1, typename MaskOf>
 __device__ __forceinline__ void dropout_keep_bits_transposed(
-    uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], const FwdParams& params, int64_t bh,
-    int key_slice0, int query0, int lane) {
+    uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], MaskOf&& mask_of, int key_slice0,
+    int query0, int lane) {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int mt = 0; mt < kKeyTiles; ++mt) {
@@ -212,7 +311,7 @@ __device__ __forceinline__ void dropout_keep_bits_transposed(
                 const int half = hc / 2, c = hc % 2;
                 const uint32_t query = static_cast<uint32_t>(query0 + 8 * (8 * u + g) + 2 * t + c);
                 const uint32_t group = static_cast<uint32_t>((key_slice0 + 16 * mt + 8 * half) / 8);
-                const DropoutMask mask = DropoutMask::make(params, bh);
+                const DropoutMask mask = mask_of();
                 const Philox4 r = mask.draws(query, group);
                 const uint32_t words[4] = {r.x, r.y, r.z, r.w};
                 uint32_t m = 0;
@@ -235,6 +334,14 @@ __device__ __forceinline__ void dropout_keep_bits_transposed(
     }
 }
 
+template <int kKeyTiles, int kQTiles8, int kDrawUnroll = 1>
+__device__ __forceinline__ void dropout_keep_bits_transposed(
+    uint32_t (&keep)[kKeyTiles][(kQTiles8 + 7) / 8], const FwdParams& params, int64_t bh,
+    int key_slice0, int query0, int lane) {
+    dropout_keep_bits_transposed<kKeyTiles, kQTiles8, kDrawUnroll>(
+        keep, [&] { return DropoutMask::make(params, bh); }, key_slice0, query0, lane);
+}
+
 // Whether element (mt, nt, e) of a P^T fragment is kept, from keep[mt] of
 // dropout_keep_bits_transposed (bit 4 (nt % 8) + e of word nt / 8).
 template <int kWords>
@@ -255,6 +362,29 @@ __device__ __forceinline__ void drop_transposed(
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 x[mt][nt][e] = kept_transposed(keep[mt], nt, e) ? x[mt][nt][e] * scale : 0.f;
+            }
+        }
+    }
+}
+
+// Backward, on the 16-bit A fragments of P^T that convert_p_to_a_fragments made of such a
+// fragment (p[mt][kk] = {S tile 2kk rows g, rows g + 8, S tile 2kk + 1 rows g, rows g + 8},
+// elements 2t, 2t + 1 of each): the dropped elements zeroed, the kept left unscaled (the caller
+// scales dV by 1 / p_keep once, at the end). One predicated AND per element instead of a
+// multiply and a select on the fp32 values.
+template <int kKeyTiles, int kKSteps>
+__device__ __forceinline__ void drop_pairs_transposed(
+    uint32_t (&p)[kKeyTiles][kKSteps][4],
+    const uint32_t (&keep)[kKeyTiles][(2 * kKSteps + 7) / 8]) {
+#pragma unroll
+    for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int nt = 2 * kk + r / 2, e0 = 2 * (r % 2);
+                if (!kept_transposed(keep[mt], nt, e0)) p[mt][kk][r] &= 0xFFFF0000u;
+                if (!kept_transposed(keep[mt], nt, e0 + 1)) p[mt][kk][r] &= 0x0000FFFFu;
             }
         }
     }

@@ -133,9 +133,12 @@ template <> struct FwdConfig<32> { using Traits = FwdTraits<32, 128, 128, 4, 2>;
 // 128 x 128, 4 warps: S 128 + O 64 floats, 80 KB; 5-8% faster than 128 x 64 on the H200
 // (bench/NOTES.md, tuning run 2). The ALiBi / softcap kernels spill with it (8-56 bytes), so
 // they keep 128 x 64 (S 64 + O 64 floats, 48 KB).
+// Dropout takes 128 x 64 too: on 128 x 128 its unrolled draws (dropout.cuh) spill 8-68 bytes
+// (sm_80 / sm_90a builds).
 template <> struct FwdConfig<64> {
     using Traits = FwdTraits<64, 128, 128, 4, 2>;
     using BiasTraits = FwdTraits<64, 128, 64, 4, 2>;
+    using DropoutTraits = BiasTraits;
 };
 // 128 x 64, 4 warps: S 64 + O 96 floats. 72 KB.
 template <> struct FwdConfig<96> { using Traits = FwdTraits<96, 128, 64, 4, 2>; };

@@ -675,6 +675,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
     };
 
+    // Dropout: the tile's Philox key and stream, warp-uniform (uniform registers); d128 re-makes
+    // them at each draw (hoisted, they spill 32-44 bytes there).
+    constexpr bool kUniformMask = IsDropout && kHeadDim != 128;
+    // P^T dropped on its 16-bit A fragments (dV scaled by 1 / p_keep at the end), but in fp32 in
+    // the d128 kernel without pingpong, where that serialises its wgmma (registers).
+    constexpr bool kDropPacked = !(kHeadDim == 128 && !Traits::kPingpong);
+    [[maybe_unused]] const DropoutMask dropout_mask =
+        kUniformMask ? DropoutMask::make_warp_uniform(
+                           params, static_cast<int64_t>(batch) * params.h + head)
+                     : DropoutMask{};
     wait_phase(smem.full_kv(), 0);
     for (int it_lane = 0; it_lane < n_iters; ++it_lane) {
         // Warp-uniform, as c: the shared addresses and wgmma descriptors below (the stage's,
@@ -718,9 +728,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         [[maybe_unused]] uint32_t keep[1][1];
         if constexpr (IsDropout) {
             // All four draws in flight, but two at d128 (more adds spill loads there).
-            dropout_keep_bits_transposed<1, kBlockM / 8, kHeadDim == 128 ? 2 : 4>(
-                keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + key_row0, m0,
-                lane);
+            if constexpr (!kUniformMask) {
+                dropout_keep_bits_transposed<1, kBlockM / 8, 2>(
+                    keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + key_row0,
+                    m0, lane);
+            } else {
+                dropout_keep_bits_transposed<1, kBlockM / 8, 4>(
+                    keep, [&] { return dropout_mask; }, n0 + key_row0, m0, lane);
+            }
         }
 
         // P^T while dP^T accumulates, then dS^T.
@@ -733,11 +748,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                            alibi_slope_log2, fully_visible);
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dp);
-        // Dropout: dS = P o (dP o M / p_keep - D), dV += (P o M / p_keep)^T dO.
+        // Dropout: dS = P o (dP o M / p_keep - D), dV += (P o M)^T dO (1 / p_keep at the end).
         if constexpr (IsDropout) drop_transposed(dp_frag, keep, params.rp_keep);
         probs_to_dscores<kBlockM>(dp_frag, s_frag, smem.dsum(stage) + 8 * (lane % 4));
-        if constexpr (IsDropout) drop_transposed(s_frag, keep, params.rp_keep);
+        if constexpr (IsDropout && !kDropPacked) drop_transposed(s_frag, keep, params.rp_keep);
         sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+        if constexpr (IsDropout && kDropPacked) drop_pairs_transposed(p_frag, keep);
         sm80::convert_p_to_a_fragments<Element, PTile>(ds_frag, dp_frag);
 
         // dS^T -> shared memory, rows = keys, 128-byte rows of the 64 queries (swizzled): the
@@ -838,6 +854,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 
     // ---- dK, dV of this warp's 16 keys.
+    if constexpr (IsDropout && kDropPacked) {  // dV += (P o M)^T dO: the 1 / p_keep of P o M / p_keep
+#pragma unroll
+        for (int i = 0; i < static_cast<int>(sizeof(acc_dv) / sizeof(float)); ++i) {
+            acc_dv[i] *= params.rp_keep;
+        }
+    }
     const auto& dk_frag = *reinterpret_cast<const float(*)[1][kHeadDim / 8][4]>(&acc_dk);
     const auto& dv_frag = *reinterpret_cast<const float(*)[1][kHeadDim / 8][4]>(&acc_dv);
     sm80::store_dk_dv<Element, kHeadDim, true, true>(params, batch, head, seq.kv_row0, n0, key_row0,

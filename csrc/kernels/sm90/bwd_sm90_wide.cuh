@@ -94,6 +94,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto& s_frag = *reinterpret_cast<float(*)[1][kCols / 8][4]>(&acc_s);
     auto& dp_frag = *reinterpret_cast<float(*)[1][kCols / 8][4]>(&acc_dp);
 
+    // Dropout: the tile's Philox key and stream, warp-uniform (uniform registers).
+    [[maybe_unused]] const DropoutMask dropout_mask =
+        IsDropout ? DropoutMask::make_warp_uniform(
+                        params, static_cast<int64_t>(batch) * params.h + head)
+                  : DropoutMask{};
     wait_phase(smem.full_kv(), 0);
     for (int it = 0; it < n_iters; ++it) {
         const int stage = it % kStages;
@@ -110,8 +115,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         [[maybe_unused]] uint32_t keep[1][1];
         if constexpr (IsDropout) {
             dropout_keep_bits_transposed<1, kCols / 8, 4>(  // all four draws in flight
-                keep, params, static_cast<int64_t>(batch) * params.h + head, n0 + key_row0,
-                m0 + kCols * c, lane);
+                keep, [&] { return dropout_mask; }, n0 + key_row0, m0 + kCols * c, lane);
         }
         wait_phase(smem.full_q(stage), (it / kStages) & 1);
 
@@ -151,11 +155,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             ptx90::bulk_wait_group_read<0>();
             ptx90::mbarrier_arrive(smem.empty_q((it - 1) % kStages));
         }
-        // Dropout: dS = P o (dP o M / p_keep - D), dV += (P o M / p_keep)^T dO.
+        // Dropout: dS = P o (dP o M / p_keep - D), dV += (P o M)^T dO (1 / p_keep at the end).
         if constexpr (IsDropout) drop_transposed(dp_frag, keep, params.rp_keep);
         probs_to_dscores<kCols>(dp_frag, s_frag, smem.dsum(stage) + column_bytes);
-        if constexpr (IsDropout) drop_transposed(s_frag, keep, params.rp_keep);
         sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+        if constexpr (IsDropout) drop_pairs_transposed(p_frag, keep);  // dV: 1 / p_keep at the end
         sm80::convert_p_to_a_fragments<Element, PTile>(ds_frag, dp_frag);
 
         // P^T and dS^T -> shared memory: the warp's 16 key rows, this warpgroup's 32 queries
@@ -232,6 +236,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 
     // ---- dK, dV: the warp's 16 keys, this warpgroup's 128 columns.
+    if constexpr (IsDropout) {  // dV += (P o M)^T dO above: the 1 / p_keep of P o M / p_keep
+#pragma unroll
+        for (int i = 0; i < static_cast<int>(sizeof(acc_dv) / sizeof(float)); ++i) {
+            acc_dv[i] *= params.rp_keep;
+        }
+    }
     const auto& dk_frag = *reinterpret_cast<const float(*)[1][kHalfD / 8][4]>(&acc_dk);
     const auto& dv_frag = *reinterpret_cast<const float(*)[1][kHalfD / 8][4]>(&acc_dv);
     sm80::store_dk_dv<Element, kHeadDim, true, true>(params, batch, head, seq.kv_row0, n0, key_row0,

@@ -23,8 +23,8 @@
 //                      quad-reduced at the epilogue (kRowSumsOnTensorCores)
 //       dropout        (DropoutTraits) P's A fragments masked after the FADD row sums, under
 //                      the next S (dropout.cuh apply_dropout_via_smem at d64 / d128, with a
-//                      scratch of 2 KB (d64) / 1 KB (d128) per consumer warp; apply_dropout at
-//                      d256; the sm80 forward's mask)
+//                      scratch of 2 KB (d64) / 1 KB (d128) per consumer warp;
+//                      apply_dropout_keep_bits at d256; the sm80 forward's mask)
 //   Epilogue: O / l, lse per row. O either straight from the accumulators to global (4-byte
 //     stores) or (StagedOTraits, the calls the launcher picks: fwd_sm90_store_o_by_tma, fixed
 //     length) through shared memory and out by TMA stores (one thread per warpgroup, 64-row
@@ -123,7 +123,8 @@ struct FwdSm90Traits {
     static_assert(!kOInKVBuffers || 2 * kOSlabsPerBuffer >= kSlabs,
                   "the staged O must fit the last key block's K and V buffers");
     // Dropout at d64 / d128 (apply_dropout_via_smem): each consumer warp's kDropoutChunk x 512
-    // bytes where its quads exchange Philox words; d256 has no room (shuffles, apply_dropout).
+    // bytes where its quads exchange Philox words; d256 has no room (shuffles,
+    // apply_dropout_keep_bits).
     static constexpr bool kDropoutViaSmem = Dropout && HeadDim <= 128;
     // Rounds of draws in flight (4 S tiles each); 4 at d128 spill (4 bytes).
     static constexpr int kDropoutChunk = HeadDim == 64 ? 4 : 2;
@@ -685,8 +686,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                         p_frag, dropout, dropout_row0, key_block0, lane,
                         smem.scratch + (tid / 32 - 4) * kChunk * 512);
                 } else {
-                    apply_dropout<1, kBlockN / 16, 4>(p_frag, dropout, dropout_row0, key_block0,
-                                                      lane);
+                    apply_dropout_keep_bits<1, kBlockN / 16, 4>(p_frag, dropout, dropout_row0,
+                                                                 key_block0, lane);
                 }
             }
             wait_phase(smem.full_v(stage_of(it)), phase_of(it));
