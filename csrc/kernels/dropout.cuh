@@ -151,8 +151,9 @@ __device__ __forceinline__ void quad_transpose_words(uint32_t (&mine)[4], const 
 // rounds can overlap the previous draw's exchange where the registers allow. Used by the sm80
 // forward (its d64 dropout tile is 128 x 64: on 128 x 128 this spilled); apply_dropout_keep_bits
 // below is the version in fewer registers, apply_dropout_via_smem the one through shared memory.
-// Before session 43 the sm80 forward used apply_dropout_keep_bits (one draw at a time): about
-// 1.27x the instructions per key of the d64 kernel (local SASS, bench/NOTES.md session 43).
+// Before session 44 the sm80 forward used apply_dropout_keep_bits (one draw at a time): about
+// 1.27x the instructions per key of the d64 kernel (local SASS) and 1.29-1.56x the time at
+// d64 / d128 (run 205, bench/NOTES.md session 44).
 template <int kMTiles, int kKSteps>
 __device__ __forceinline__ void apply_dropout(uint32_t (&p_frag)[kMTiles][kKSteps][4],
                                               const DropoutMask& mask, int row0, int key_block0,
