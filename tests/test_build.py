@@ -182,7 +182,7 @@ def kernel_spill_bytes(report: str) -> dict[str, tuple[int, int]]:
 # (session 35) until its wgmma descriptors were built once per GEMM batch and advanced by adds in
 # uniform registers (session 36, bench/NOTES.md runs 181-185). The d128 pingpong kernel's dropout
 # variant spilled 16 bytes (session 40) until its P^T was dropped on the packed fragments
-# (session 42).
+# (written in session 42, merged in session 44 after runs 205-207).
 @pytest.mark.parametrize("name,max_spill,max_spill_dropout", (
     ("fwd_hdim128_bf16_sm90.cu", 0, 0),
     ("fwd_hdim64_fp16_causal_sm90.cu", 0, 0),
@@ -217,7 +217,7 @@ def test_sm80_forward_compiles_without_spills(name, arch, tmp_path):
     runs, and at d64 in the sm_90a build too, where the H200 runs dropout with softcap / ALiBi
     on them. The H200 runs build sm_90a only, so no device run reports the sm_80 pass (the
     softcap kernels spilled 8-12 B in it unseen from 34f9c7f to 0b5dc9a; the d64 dropout
-    kernels with softcap 16-48 B in sm_90a until session 43)."""
+    kernels with softcap 16-48 B in sm_90a until session 44's merge)."""
     report = ptxas_report(name, arch, tmp_path)
     assert f"for 'sm_{arch}'" in report, f"no sm_{arch} kernel in the ptxas report"
     spills = spill_bytes(report)

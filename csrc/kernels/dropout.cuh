@@ -391,4 +391,12 @@ __device__ __forceinline__ void drop_pairs_transposed(
     }
 }
 
+// The other half of drop_pairs_transposed: dV accumulated (P o M)^T dO over the whole loop, so
+// its 1 / p_keep (of P o M / p_keep) is applied once, to the accumulator, before dV is stored.
+template <int kN>
+__device__ __forceinline__ void scale_dv_for_dropped_pairs(float (&acc_dv)[kN], float rp_keep) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) acc_dv[i] *= rp_keep;
+}
+
 }  // namespace flash_cuda

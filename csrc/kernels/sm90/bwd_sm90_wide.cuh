@@ -236,12 +236,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 
     // ---- dK, dV: the warp's 16 keys, this warpgroup's 128 columns.
-    if constexpr (IsDropout) {  // dV += (P o M)^T dO above: the 1 / p_keep of P o M / p_keep
-#pragma unroll
-        for (int i = 0; i < static_cast<int>(sizeof(acc_dv) / sizeof(float)); ++i) {
-            acc_dv[i] *= params.rp_keep;
-        }
-    }
+    if constexpr (IsDropout) scale_dv_for_dropped_pairs(acc_dv, params.rp_keep);
     const auto& dk_frag = *reinterpret_cast<const float(*)[1][kHalfD / 8][4]>(&acc_dk);
     const auto& dv_frag = *reinterpret_cast<const float(*)[1][kHalfD / 8][4]>(&acc_dv);
     sm80::store_dk_dv<Element, kHeadDim, true, true>(params, batch, head, seq.kv_row0, n0, key_row0,
