@@ -205,7 +205,8 @@ bool use_pdl(const at::Tensor& t) {
 }
 
 // fn(std::integral_constant<int, HD>{}) for the head dims this build has kernels for and an sm90
-// kernel may cover (64, 128, 256); fn returns whether it ran one. False for any other head dim.
+// kernel may cover (64, 128, 192, 256: the forward all, the backward 64 / 128 / 256); fn returns
+// whether it ran one. False for any other head dim.
 template <typename Fn>
 bool with_sm90_head_dim([[maybe_unused]] int head_dim, [[maybe_unused]] Fn&& fn) {
     switch (head_dim) {
@@ -214,6 +215,9 @@ bool with_sm90_head_dim([[maybe_unused]] int head_dim, [[maybe_unused]] Fn&& fn)
 #endif
 #ifdef FLASH_CUDA_HAS_HDIM_128
         case 128: return fn(std::integral_constant<int, 128>{});
+#endif
+#ifdef FLASH_CUDA_HAS_HDIM_192
+        case 192: return fn(std::integral_constant<int, 192>{});
 #endif
 #ifdef FLASH_CUDA_HAS_HDIM_256
         case 256: return fn(std::integral_constant<int, 256>{});

@@ -23,7 +23,7 @@ PASSES = {
     ("sm80", "fwd"): ("kernels/sm80/fwd_launch.cuh", "run_mha_fwd_sm80", "FwdParams", HEAD_DIMS),
     ("sm80", "bwd"): ("kernels/sm80/bwd_launch.cuh", "run_mha_bwd_sm80", "BwdParams", HEAD_DIMS),
     ("sm90", "fwd"): ("kernels/sm90/fwd_sm90_launch.cuh", "run_mha_fwd_sm90", "FwdParams",
-                      (64, 128, 256)),
+                      (64, 128, 192, 256)),
     ("sm90", "bwd"): ("kernels/sm90/bwd_sm90_launch.cuh", "run_mha_bwd_sm90", "BwdParams",
                       (64, 128, 256)),
 }

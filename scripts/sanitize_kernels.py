@@ -226,10 +226,10 @@ def persistent_forward_calls():
     (FLASH_CUDA_SM90=pingpong). d128 (row sums by FADDs non-causal, on the tensor cores causal;
     O through shared memory and TMA stores where not pingpong: the launcher's rule at these
     lengths), d64 (tensor-core row sums, three K/V stages; non-causal also with the 192-key
-    blocks, FLASH_CUDA_SM90_KEYS192=1) and d256 (80-key blocks; O through the last K and V
-    buffers where not pingpong)."""
+    blocks, FLASH_CUDA_SM90_KEYS192=1), d256 (80-key blocks; O through the last K and V
+    buffers where not pingpong) and d192 (112-key blocks, O as d256)."""
     b, s, h = 2, 300, 48  # 3 tiles x 2 x 48 = 288 tiles
-    for d in (128, 64, 256):
+    for d in (128, 64, 256, 192):
         q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)
         for mode, causal, keys192 in (("1", False, "0"), ("1", True, "0"), ("pingpong", False, "0"),
                                       ("pingpong", True, "0"), ("1", False, "1")):
@@ -243,11 +243,11 @@ def persistent_forward_calls():
 
 def dropout_calls():
     """Forward and backward with dropout, fixed length (persistent sm90 forward CTAs walking two
-    tiles) and varlen, causal and not, d64 / d128 / d256: the sm90 forward's quads exchange their
-    Philox words through shared memory at d64 / d128 (racecheck's case); deterministic=True too
-    (the ordered sm90 backward)."""
+    tiles) and varlen, causal and not, d64 / d128 / d192 / d256: the sm90 forward's quads exchange
+    their Philox words through shared memory at d64 / d128 (racecheck's case); deterministic=True
+    too (the ordered sm90 backward; d192: the sm80 backward)."""
     b, s, h = 2, 300, 24
-    for d in (64, 128, 256):
+    for d in (64, 128, 192, 256):
         q, k, v = (rand(b, s, h, d, grad=True) for _ in range(3))
         for causal, deterministic in ((False, False), (True, False), (False, True)):
             def call():

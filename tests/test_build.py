@@ -187,6 +187,7 @@ def kernel_spill_bytes(report: str) -> dict[str, tuple[int, int]]:
     ("fwd_hdim128_bf16_sm90.cu", 0, 0),
     ("fwd_hdim64_fp16_causal_sm90.cu", 0, 0),
     ("fwd_hdim256_bf16_sm90.cu", 0, 0),
+    ("fwd_hdim192_bf16_sm90.cu", 0, 0),
     ("bwd_hdim128_bf16_sm90.cu", 0, 0),
     ("bwd_hdim64_fp16_causal_sm90.cu", 0, 0),
     ("bwd_hdim256_fp16_causal_sm90.cu", 0, 0)))

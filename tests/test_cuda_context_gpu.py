@@ -49,7 +49,7 @@ print("OK")
 """
 
 
-@pytest.mark.parametrize("d", (64, 128, 256))
+@pytest.mark.parametrize("d", (64, 128, 192, 256))
 def test_first_calls_on_new_threads(d, request):
     skip_unbuilt_head_dim(request)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(

@@ -13,7 +13,7 @@ Specification (DESIGN.md sections 4, 9; issue 4):
     2 max|out_pt - ref| + 1e-5; lse is that of the undropped softmax;
   * gradients (kernel backward, replaying the forward's mask from rng_state) against fp64
     autograd with the mask of S_dmask, 3x rule: the backward is consistent with the returned mask;
-  * on an sm_90 GPU the forward of head dims 64 / 128 / 256 (more than 64 query rows, no
+  * on an sm_90 GPU the forward of head dims 64 / 128 / 192 / 256 (more than 64 query rows, no
     softcap / ALiBi) runs the Hopper kernel's dropout variant (since session 40): mask bitwise,
     values, and the same mask as the sm80 kernel's (FLASH_CUDA_SM90=0); so does the backward
     (no ALiBi): gradients with the 3x rule, deterministic too;
@@ -153,6 +153,8 @@ SM90_CASES = [  # dtype, d, sq, sk, h, hk, p, causal, window (width < d)
     (torch.bfloat16, 64, 257, 300, 2, 2, 0.5, True, (62, 0)),
     (torch.bfloat16, 256, 129, 255, 2, 1, 0.17, False, (100, 100)),
     (torch.float16, 256, 200, 333, 3, 3, 0.4, True, (200, 0)),
+    (torch.bfloat16, 192, 250, 341, 2, 1, 0.25, False, (90, 90)),
+    (torch.float16, 192, 140, 300, 2, 2, 0.35, True, (180, 0)),
     # The ends of the 16-bit threshold: 0 (p_keep * 65536 rounds to 0: nothing kept) and 65536
     # (everything kept), which the d64 / d128 mask tests without a branch (dropout.cuh).
     (torch.bfloat16, 64, 130, 200, 2, 1, 1 - 2.0 ** -18, False, (30, 30)),
@@ -195,6 +197,8 @@ SM90_BWD_CASES = [  # dtype, d, sq, sk, h, hk, p, causal, deterministic
     (torch.bfloat16, 128, 200, 333, 2, 2, 0.17, False, True),
     (torch.float16, 256, 150, 260, 2, 1, 0.3, True, False),
     (torch.bfloat16, 256, 130, 90, 2, 2, 0.4, False, True),
+    # d192: the Hopper forward's mask replayed by the sm80 backward (no sm90 backward at d192)
+    (torch.bfloat16, 192, 200, 301, 2, 1, 0.3, True, False),
 ]
 
 
@@ -202,14 +206,16 @@ SM90_BWD_CASES = [  # dtype, d, sq, sk, h, hk, p, causal, deterministic
 @pytest.mark.parametrize("case", SM90_BWD_CASES,
                          ids=lambda c: f"d{c[1]}-{c[2]}x{c[3]}-{'det' if c[8] else 'atomic'}")
 def test_sm90_backward_dropout(monkeypatch, case):
-    """The Hopper backward's dropout variant (the profiler sees it ran, and the forward's):
-    gradients with the 3x rule against fp64 autograd under the reference's mask."""
+    """The Hopper backward's dropout variant (the profiler sees it ran, and the forward's; d192:
+    the Hopper forward's, then the sm80 backward): gradients with the 3x rule against fp64
+    autograd under the reference's mask."""
     dtype, d, sq, sk, h, hk, p, causal, deterministic = case
     if d not in built_head_dims():
         pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
     q, k, v, dout = make_inputs(dtype, d, sq, sk, h, hk, seed=d + sk)
-    kernel = "mha_bwd_sm90_wide_kernel" if d == 256 else "mha_bwd_sm90_kernel"
-    with sm90_kernel_runs(monkeypatch, kernel, "1", fwd_dropout=True, bwd_dropout=True):
+    kernel = {192: "mha_fwd_sm90_kernel", 256: "mha_bwd_sm90_wide_kernel"}.get(
+        d, "mha_bwd_sm90_kernel")
+    with sm90_kernel_runs(monkeypatch, kernel, "1", fwd_dropout=True, bwd_dropout=d != 192):
         out, lse, _, rs = fwd(q, k, v, p, causal=causal)
         dq, dk, dv = bwd(dout, q, k, v, out, lse, p, rs, causal=causal,
                          deterministic=deterministic)

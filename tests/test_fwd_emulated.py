@@ -101,10 +101,11 @@ def test_varlen_emulated(d, feature):
 
 # ---- The sm90 forward (csrc/kernels/sm90/fwd_sm90.cuh: TMA, mbarrier pipeline, wgmma) on the
 # emulator's Hopper instructions (tests/emulation/kernels/sm90). Every case is one the kernel
-# covers (head dim 64 / 128 / 256, seqlen_q > 64, no dropout or KV cache), and each asserts it ran.
+# covers (head dim 64 / 128 / 192 / 256, seqlen_q > 64, no dropout or KV cache), and each asserts
+# it ran.
 # Both variants (the default; "pingpong": the warpgroups take turns) on the grid and the
 # pipeline cases, the default on the rest.
-SM90_GRID = [c for c in sampled_cases() if c[1] in (64, 128, 256) and c[2] == (113, 203)]
+SM90_GRID = [c for c in sampled_cases() if c[1] in (64, 128, 192, 256) and c[2] == (113, 203)]
 SM90_VARIANTS = pytest.mark.parametrize("variant", (True, "pingpong"), ids=("default", "pingpong"))
 
 
@@ -124,7 +125,7 @@ def test_fwd_grid_emulated_sm90(case, variant):
 
 
 @SM90_VARIANTS
-@pytest.mark.parametrize("d", (64, 128, 256))
+@pytest.mark.parametrize("d", (64, 128, 192, 256))
 @pytest.mark.parametrize("causal", (False, True))
 def test_pipeline_wraps_emulated_sm90(d, causal, variant):
     """Five key blocks through two buffers: the full/empty barriers go through several phases."""
@@ -173,10 +174,11 @@ def test_wide_key_blocks_emulated_sm90(feature, monkeypatch):
 
 @pytest.mark.parametrize("ostore", ("0", "1"), ids=("registers", "tma"))
 @pytest.mark.parametrize("causal", (False, True))
-@pytest.mark.parametrize("d", (128, 256))
+@pytest.mark.parametrize("d", (128, 192, 256))
 def test_o_store_emulated_sm90(d, causal, ostore, monkeypatch):
-    """d128's and d256's O both ways (FLASH_CUDA_SM90_OSTORE): from the registers, and through
-    shared memory (d128 a buffer of its own, d256 the last key block's K and V buffers) and TMA
+    """d128's, d192's and d256's O both ways (FLASH_CUDA_SM90_OSTORE): from the registers, and
+    through shared memory (d128 a buffer of its own, d192 / d256 the last key block's K and V
+    buffers, at d192 two slabs in K and one in V) and TMA
     stores, which the emulator carries out only at the bulk wait that retires them (a buffer
     rewritten before that wait, or a store never waited for, gives wrong or NaN rows; one handed
     back to the producer before it can). 3 CTAs walk 2 x 3 x 2 tiles of 128 rows, the last one
@@ -206,7 +208,7 @@ def test_o_store_one_key_block_emulated_sm90(causal, monkeypatch):
     assert "O stored by TMA" in driver.LAST_STDOUT
 
 
-@pytest.mark.parametrize("d", (64, 128, 256))
+@pytest.mark.parametrize("d", (64, 128, 192, 256))
 @pytest.mark.parametrize("feature", FEATURES)
 def test_varlen_emulated_sm90(d, feature):
     """Packed sequences (one of 1 query row, one of 0 keys): the TMA boxes of a sequence read

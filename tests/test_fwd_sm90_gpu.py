@@ -1,6 +1,6 @@
 """The sm90 forward (csrc/kernels/sm90/fwd_sm90.cuh: TMA, mbarrier pipeline, wgmma) on an sm_90 GPU:
-the forward GPU tests of test_fwd_gpu.py that it covers (head dims 64, 128, 256, more than 64 query
-rows, no dropout or KV cache), run with FLASH_CUDA_SM90=1 and =pingpong, same oracle and rules.
+the forward GPU tests of test_fwd_gpu.py that it covers (head dims 64, 128, 192, 256, more than 64
+query rows, no dropout or KV cache), run with FLASH_CUDA_SM90=1 and =pingpong, same oracle and rules.
 Every test also checks with the profiler that the sm90 kernel of that variant ran (a silent
 fallback to the sm80 kernels would otherwise pass)."""
 
@@ -33,7 +33,7 @@ def sm90_forward(monkeypatch, request):
         yield
 
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 192, 256)
 GRID = [c for c in base.sampled_cases() if c[1] in HEAD_DIMS and c[2][0] > 64]
 DTYPE_IDS = {"ids": lambda t: str(t)[6:]}
 
@@ -105,7 +105,8 @@ def test_persistent_tiles_sm90(feature, d, monkeypatch):
     with a last round of tiles in the plain direction, "causal_odd" with a mirrored last round and
     fewer keys than queries (the first tile of every sequence sees no key: out 0, lse +inf).
     Causal and window calls run persistent here by FLASH_CUDA_SM90_PERSIST=1 (the launcher's rule
-    keeps some causal calls, d256 at these lengths, and every window call on one CTA per tile)."""
+    keeps some causal calls, d192 / d256 at these lengths, and every window call on one CTA per
+    tile)."""
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     b, sq, sk, hk = 2, 300, 333, 2  # 3 tiles per (batch, head), the last one ragged
     rounds = 1 if feature == "causal_odd" else 2  # full rounds of n_sms tiles, then a partial one
@@ -148,18 +149,19 @@ def test_wide_key_blocks_sm90(feature, d, monkeypatch):
 
 @pytest.mark.parametrize("ostore", ("0", "1"), ids=("registers", "tma"))
 @pytest.mark.parametrize("shape", ("ragged", "warpgroup_past_end", "causal_many_tiles", "long"))
-@pytest.mark.parametrize("d", (128, 256))
+@pytest.mark.parametrize("d", (128, 192, 256))
 def test_o_store_sm90(shape, ostore, d, monkeypatch):
-    """O out of the d128 / d256 kernels both ways, forced by FLASH_CUDA_SM90_OSTORE (the
+    """O out of the d128 / d192 / d256 kernels both ways, forced by FLASH_CUDA_SM90_OSTORE (the
     launcher's rule takes the staged-O kernel for short fixed-length d128 calls and every
-    fixed-length d256 one): from the registers ("0") and through shared memory and TMA stores
-    ("1"; d128 a buffer of its own, d256 the last key block's K and V buffers; the pingpong
-    variant has registers only), against the oracle; the fixture checks which kernel ran.
-    "ragged": the last tile's second warpgroup has 8 of its 64 rows (the TMA clips the rest at
-    seqlen_q); "warpgroup_past_end": the last tile has 2 rows, its second warpgroup's box lies
-    wholly past seqlen_q (not stored); "causal_many_tiles": persistent CTAs walking several tiles
-    each, so every warpgroup reuses its buffer after waiting for its previous store (d256: the
-    K / V buffers go back to the producer only after the stores); "long": 4099 keys."""
+    fixed-length d192 / d256 one): from the registers ("0") and through shared memory and TMA
+    stores ("1"; d128 a buffer of its own, d192 / d256 the last key block's K and V buffers,
+    d192 two of O's three slabs in K and one in V; the pingpong variant has registers only),
+    against the oracle; the fixture checks which kernel ran. "ragged": the last tile's second
+    warpgroup has 8 of its 64 rows (the TMA clips the rest at seqlen_q); "warpgroup_past_end":
+    the last tile has 2 rows, its second warpgroup's box lies wholly past seqlen_q (not stored);
+    "causal_many_tiles": persistent CTAs walking several tiles each, so every warpgroup reuses
+    its buffer after waiting for its previous store (d192 / d256: the K / V buffers go back to
+    the producer only after the stores); "long": 4099 keys."""
     monkeypatch.setenv("FLASH_CUDA_SM90_OSTORE", ostore)
     b, sq, sk, h, hk, causal = {"ragged": (3, 200, 333, 4, 2, False),
                                 "warpgroup_past_end": (2, 130, 250, 4, 4, False),

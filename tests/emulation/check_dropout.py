@@ -299,6 +299,10 @@ CASES = [
     (check_fwd, (B16, 256, 97, 170, 2, 1, 0.3), dict(seed=26, sm90=True)),
     (check_varlen_fwd, (B16, 128, [70, 0, 200, 1], [90, 5, 129, 300], 4, 2, 0.4),
      dict(causal=True, seed=27, sm90=True)),
+    # d192 (session 45): 112-key blocks, four draw rounds of which the last has two groups past
+    # the block, two in flight
+    (check_mask, (B16, 192, 129, 190, 2, 1, 0.4), dict(causal=True, seed=41, sm90=True)),
+    (check_fwd, (F16, 192, 130, 300, 2, 2, 0.3), dict(seed=42, sm90=True)),
     # The Hopper backward's dropout variant (since session 40): d64 / d128 (pingpong, deferred
     # dQ; deterministic: the ordered kernel), d256 (the wide kernel, 32 queries per warpgroup).
     (check_bwd, (F16, 64, 113, 203, 2, 2, 0.17), dict(seed=28, sm90=True)),

@@ -27,7 +27,10 @@
 #include "kernels/decode.h"
 #include "kernels/sm80/fwd.cuh"
 #include "kernels/sm90/fwd_sm90_host.h"
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
+// Head dims with an sm90 forward kernel (kernels/sm90/fwd_sm90_host.h fwd_head_dim_supported).
+#define EMU_HAS_SM90_FWD \
+    (EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 192 || EMU_HEAD_DIM == 256)
+#if EMU_HAS_SM90_FWD
 #include "kernels/sm90/fwd_sm90.cuh"
 #endif
 #include "host_io.h"
@@ -81,7 +84,7 @@ void run_traits(FwdParams& params) {
     else go(&mha_fwd_sm80_kernel<Element, Traits, Causal, false, false>);
 }
 
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
+#if EMU_HAS_SM90_FWD
 // One sm90 forward call on the emulator with these traits (with_fwd_sm90_traits picks them, as
 // for the launcher).
 template <typename Element, bool Causal, typename Traits>
@@ -128,7 +131,7 @@ void run_sm90_traits(FwdParams& params) {
 // did not run.
 template <typename Element, bool Causal>
 bool run_sm90(FwdParams& params) {
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
+#if EMU_HAS_SM90_FWD
     namespace s90 = flash_cuda::sm90;
     const char* want = std::getenv("EMU_SM90");
     const std::string mode = want == nullptr ? "0" : want;

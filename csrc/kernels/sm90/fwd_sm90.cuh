@@ -24,13 +24,14 @@
 //       dropout        (DropoutTraits) P's A fragments masked after the FADD row sums, under
 //                      the next S (dropout.cuh apply_dropout_via_smem at d64 / d128, with a
 //                      scratch of 2 KB (d64) / 1 KB (d128) per consumer warp;
-//                      apply_dropout_keep_bits at d256; the sm80 forward's mask)
+//                      apply_dropout_keep_bits at d192 / d256; the sm80 forward's mask)
 //   Epilogue: O / l, lse per row. O either straight from the accumulators to global (4-byte
 //     stores) or (StagedOTraits, the calls the launcher picks: fwd_sm90_store_o_by_tma, fixed
 //     length) through shared memory and out by TMA stores (one thread per warpgroup, 64-row
 //     boxes): at d128 a buffer of its own laid out as Q, which the warpgroup waits for at its
-//     next epilogue; at d256 (no room for one) the K and V buffers of the tile's last key block,
-//     which go back to the producer once the stores have read them, under the next tile's first S.
+//     next epilogue; at d192 / d256 (no room for one) the K and V buffers of the tile's last key
+//     block, which go back to the producer once the stores have read them, under the next tile's
+//     first S.
 // Shared memory, each operand as 64-column slabs of rows of 128 bytes, the 128-byte swizzle
 // (what the TMA writes for a 64-element box and the wgmma descriptors read):
 //   Q    [kSlabs][kBlockM][64]     K, V  [kStages][kSlabs][kBlockN][64]     O as Q (d128's staged
@@ -45,7 +46,7 @@
 //     rows never stored).
 // Not here (the launcher keeps these on the sm80 kernels): dropout with softcap or ALiBi, KV
 // caches (paged, cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other
-// than 64 / 128 / 256.
+// than 64 / 128 / 192 / 256 (whole 64-column slabs).
 // Persistent: each CTA walks the tiles blockIdx.x, + gridDim.x, ... in the order of a grid
 // (m blocks, b, h), or causal in the level order, longest first, in a snake (FwdTile); a CTA's
 // barriers run on from one tile to the next, so its producer loads the next tile's Q and first
@@ -114,7 +115,7 @@ struct FwdSm90Traits {
     // O leaves through shared memory and TMA stores (fixed length only: the launcher's
     // StagedOTraits), else by 4-byte stores from the registers. The staged O goes into a buffer
     // of its own laid out as Q where the shared memory has room for one (d128), else
-    // (kOInKVBuffers, d256) into the K and V buffers of the tile's last key block,
+    // (kOInKVBuffers, d192 / d256) into the K and V buffers of the tile's last key block,
     // kOSlabsPerBuffer of its 128-row slabs in each, held until the stores have read them.
     static constexpr bool kStoreOByTma = StoreOByTma;
     static constexpr bool kOInKVBuffers = StoreOByTma && kSmemBytesButO + kQBytes > kMaxSmemBytes;
@@ -123,13 +124,17 @@ struct FwdSm90Traits {
     static_assert(!kOInKVBuffers || 2 * kOSlabsPerBuffer >= kSlabs,
                   "the staged O must fit the last key block's K and V buffers");
     // Dropout at d64 / d128 (apply_dropout_via_smem): each consumer warp's kDropoutChunk x 512
-    // bytes where its quads exchange Philox words; d256 has no room (shuffles,
-    // apply_dropout_keep_bits).
+    // bytes where its quads exchange Philox words; d192 / d256 keep fewer registers live
+    // (shuffles, apply_dropout_keep_bits).
     static constexpr bool kDropoutViaSmem = Dropout && HeadDim <= 128;
     // Rounds of draws in flight (4 S tiles each); 4 at d128 spill (4 bytes).
     static constexpr int kDropoutChunk = HeadDim == 64 ? 4 : 2;
     static constexpr int kDropoutScratchBytes =
         kDropoutViaSmem ? 4 * kConsumerWarpgroups * kDropoutChunk * 512 : 0;
+    // Draws in flight per row without the exchange (apply_dropout_keep_bits): d256 all three of
+    // its 80-key block's; d192 two of its 112-key block's four (four spilled 20 bytes in the
+    // non-causal bf16 kernel, local ptxas; two and three none).
+    static constexpr int kDropoutDrawUnroll = HeadDim == 192 ? 2 : 4;
     static constexpr int kSmemScratchOffset = kSmemOOffset + kOBytes;
     static constexpr int kSmemOnesOffset = kSmemScratchOffset + kDropoutScratchBytes;
     static constexpr int kSmemBarOffset = kSmemOnesOffset + kOnesBytes;
@@ -143,8 +148,8 @@ struct FwdSm90Traits {
         static constexpr int kNTiles = BlockN / 8;
     };
 
-    static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256,
-                  "sm90 forward: head dims 64, 128 and 256");
+    static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 192 || HeadDim == 256,
+                  "sm90 forward: head dims 64, 128, 192 and 256");
     static_assert(BlockN % 16 == 0 && BlockN <= 256, "wgmma N: a multiple of 16, at most 256");
     static_assert(kSmemBytes <= kMaxSmemBytes, "must fit a Hopper CTA's shared memory");
     static_assert(!StoreOByTma || !Pingpong, "the staged O is not built with the pingpong turns");
@@ -154,27 +159,29 @@ struct FwdSm90Traits {
 // Traits: the default tile; PingpongTraits: the same with the warpgroups taking turns
 // (FLASH_CUDA_SM90=pingpong, for A/B runs). Key blocks of 128, at d256 of 80 (FlashAttention-3's
 // d256 tile): Q 64 KB + 2 stages of K and V 160 KB = 225 KB of shared memory, and O takes 128
-// of a consumer thread's 240 registers. d64 keeps 3 stages of K and V (112 KB; causal s1k-8k
-// 1.02-1.05x two stages, the rest within 2%: bench/NOTES.md run 161). WideTraits (d64 only): key
-// blocks of 192, 3 stages (160 KB), for long non-causal calls (fwd_sm90_wide_key_blocks: s4k-16k
-// 1.06-1.19x the 128-key blocks; 0.79-0.97x at s512-2k, where the last block's padding and mask
-// cost more than the fewer, longer blocks save). At d128 / d256 wider blocks do not fit the
-// consumers' registers (d128: 160 or 176 keys serialise the wgmma). (A variant without the overlap
-// inside the warpgroup measured 0-5% slower, bench/NOTES.md run 33, and was dropped.)
-// StagedOTraits (d128, d256): Traits with O leaving through shared memory and TMA stores, for
-// the fixed-length calls fwd_sm90_store_o_by_tma picks: d128's short ones (a 32 KB buffer of its
-// own; bench/NOTES.md run 165: 1.06-1.18x on short tiles, 0.95-0.99x on long ones), every d256
-// one (the last K and V buffers; run 169: 1.01-1.21x). A separate instantiation, so the other
-// calls keep the kernel without it. d64 has none: 0.82-1.01x with a buffer of its own (run 165),
-// 0.85-0.90x in the last V buffer (run 169).
+// of a consumer thread's 240 registers; at d192 of 112 (Q 48 KB + 2 stages of K and V 168 KB =
+// 217 KB; O 96 registers, S 56, P 28; 128 keys would need 241 KB). d64 keeps 3 stages of K and
+// V (112 KB; causal s1k-8k 1.02-1.05x two stages, the rest within 2%: bench/NOTES.md run 161).
+// WideTraits (d64 only): key blocks of 192, 3 stages (160 KB), for long non-causal calls
+// (fwd_sm90_wide_key_blocks: s4k-16k 1.06-1.19x the 128-key blocks; 0.79-0.97x at s512-2k,
+// where the last block's padding and mask cost more than the fewer, longer blocks save). At
+// d128-d256 wider blocks do not fit the consumers' registers (d128: 160 or 176 keys serialise
+// the wgmma). (A variant without the overlap inside the warpgroup measured 0-5% slower,
+// bench/NOTES.md run 33, and was dropped.)
+// StagedOTraits (d128, d192, d256): Traits with O leaving through shared memory and TMA stores,
+// for the fixed-length calls fwd_sm90_store_o_by_tma picks: d128's short ones (a 32 KB buffer of
+// its own; bench/NOTES.md run 165: 1.06-1.18x on short tiles, 0.95-0.99x on long ones), every
+// d256 one (the last K and V buffers; run 169: 1.01-1.21x) and every d192 one (as d256). A
+// separate instantiation, so the other calls keep the kernel without it. d64 has none:
+// 0.82-1.01x with a buffer of its own (run 165), 0.85-0.90x in the last V buffer (run 169).
 template <int HeadDim>
 struct FwdSm90Config {
-    static constexpr int kBlockN = HeadDim <= 128 ? 128 : 80;
+    static constexpr int kBlockN = HeadDim <= 128 ? 128 : HeadDim == 192 ? 112 : 80;
     static constexpr int kStages = HeadDim == 64 ? 3 : 2;
     using Traits = FwdSm90Traits<HeadDim, kBlockN, kStages, false>;
     using PingpongTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, true>;
     using WideTraits = FwdSm90Traits<HeadDim, 192, 3, false>;  // HeadDim 64 only
-    using StagedOTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, true>;  // 128, 256
+    using StagedOTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, true>;  // d >= 128
     using DropoutTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, false, true>;
 };
 
@@ -677,7 +684,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             if constexpr (kDropout) {  // under the next S; the row sums above are undropped
                 // Several draws in flight: kDropoutChunk rounds (d64 / d128, the words
-                // exchanged in shared memory), all of the block's three at d256 (shuffles).
+                // exchanged in shared memory), else kDropoutDrawUnroll (shuffles).
                 const int dropout_row0 = ptx::opaque(m0 + warp_row0 + lane / 4);
                 const int key_block0 = (n_block_max - 1 - it) * kBlockN;
                 if constexpr (Traits::kDropoutViaSmem) {
@@ -686,8 +693,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                         p_frag, dropout, dropout_row0, key_block0, lane,
                         smem.scratch + (tid / 32 - 4) * kChunk * 512);
                 } else {
-                    apply_dropout_keep_bits<1, kBlockN / 16, 4>(p_frag, dropout, dropout_row0,
-                                                                 key_block0, lane);
+                    apply_dropout_keep_bits<1, kBlockN / 16, Traits::kDropoutDrawUnroll>(
+                        p_frag, dropout, dropout_row0, key_block0, lane);
                 }
             }
             wait_phase(smem.full_v(stage_of(it)), phase_of(it));

@@ -15,8 +15,11 @@
 namespace flash_cuda {
 namespace sm90 {
 
-// Head dims with an sm90 forward kernel.
-constexpr bool fwd_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
+// Head dims with an sm90 forward kernel (whole 64-column slabs: the TMA boxes and the 128-byte
+// swizzle).
+constexpr bool fwd_head_dim_supported(int d) {
+    return d == 64 || d == 128 || d == 192 || d == 256;
+}
 
 // Query tiles of a forward call: 128-row blocks of the (max) query length x batch x heads.
 inline int64_t fwd_sm90_tiles(const FwdParams& p) {
@@ -24,8 +27,8 @@ inline int64_t fwd_sm90_tiles(const FwdParams& p) {
     return (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.b * p.h;
 }
 
-// Whether the sm90 forward kernel handles the call: head dim 64, 128 or 256 exactly (the TMA boxes
-// are 64 columns wide), dropout only without softcap / ALiBi, no KV-cache features (paged,
+// Whether the sm90 forward kernel handles the call: head dim 64, 128, 192 or 256 exactly (the TMA
+// boxes are 64 columns wide), dropout only without softcap / ALiBi, no KV-cache features (paged,
 // cache_batch_idx, leftpad, seqused_k, appended keys), no split-KV or GQA packing, more query
 // rows than a decode step (seqlen_q > 64: shorter calls stay on the sm80 decode tile), at least
 // one key row in k / v (a tensor map needs extents >= 1), fewer than 2^30 tiles (a CTA's last
@@ -45,11 +48,12 @@ inline bool fwd_supports(const FwdParams& p) {
 // Whether the kernel runs persistent, one CTA per SM walking the tiles (fwd_sm90.cuh FwdTile):
 // fixed length without a window, and not causal (every tile has the same key blocks: the grid
 // order) or causal (the tiles' lengths fall with the level order, whose snake walk keeps the
-// CTAs' work even) up to 8192 query rows, at head dim 256 from 4096. Measured on the H200 against
-// one CTA per tile (bench/NOTES.md run 156): causal d64 / d128 persistent 1.02-1.38x at s512-8k
-// but 0.96-0.99x at s16k (the hardware's greedy hand-out balances better there); d256 1.05-1.06x
-// at s4k-8k but 0.81x at s512-1k (the level order puts up to 132 heads' K / V in flight, more
-// than the L2 holds at 256 columns). Windows and varlen keep one CTA per tile.
+// CTAs' work even) up to 8192 query rows, at head dims 192 / 256 from 4096. Measured on the H200
+// against one CTA per tile (bench/NOTES.md run 156): causal d64 / d128 persistent 1.02-1.38x at
+// s512-8k but 0.96-0.99x at s16k (the hardware's greedy hand-out balances better there); d256
+// 1.05-1.06x at s4k-8k but 0.81x at s512-1k (the level order puts up to 132 heads' K / V in
+// flight, more than the L2 holds at 256 columns); d192 as d256 (bench/NOTES.md session 45).
+// Windows and varlen keep one CTA per tile.
 // FLASH_CUDA_SM90_PERSIST in the environment (A/B runs, read per call): "0" one CTA per tile
 // always, another value persistent always; unset, this rule.
 inline bool fwd_sm90_persistent(const FwdParams& p) {
@@ -57,7 +61,7 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     if (p.cu_seqlens_q != nullptr || p.window_size_left >= 0) return false;
     if (!p.is_causal) return p.window_size_right < 0;
-    return p.seqlen_q <= 8192 && (p.d < 256 || p.seqlen_q >= 4096);
+    return p.seqlen_q <= 8192 && (p.d < 192 || p.seqlen_q >= 4096);
 }
 
 // Whether a head-dim-64 call takes key blocks of 192 (FwdSm90Config<64>::WideTraits) instead of
@@ -140,19 +144,20 @@ inline int make_fwd_tensor_maps(const FwdParams& p, uint32_t q_box_rows, uint32_
 // Whether a call takes the kernel whose O leaves through shared memory and TMA stores
 // (FwdSm90Config<HeadDim>::StagedOTraits) rather than 4-byte stores from the registers: fixed
 // length (the TMA store clips at seqlen_q; a varlen tile's rows past its sequence belong to the
-// next one), not pingpong, d128 or d256. Measured on the H200 against the register stores:
+// next one), not pingpong, d128, d192 or d256. Measured on the H200 against the register stores:
 // d128 (a 32 KB buffer of its own; bench/NOTES.md runs 165, 167) causal s512 / s1k / s2k 1.18 /
 // 1.12-1.14 / 1.06-1.08x, s4k 1.02x (GQA 32/8 0.97x), s8k 0.98x; non-causal s512 / s1k
 // 1.09-1.12 / 1.02-1.06x, s2k-8k 0.96-0.99x: its short tiles only. d256 (O in the last K and V
 // buffers; run 169) 1.01-1.21x on every cell of the grid: every call. d64: never (0.82-1.01x
-// with a buffer of its own, run 165; 0.85-0.90x in the last V buffer, run 169).
+// with a buffer of its own, run 165; 0.85-0.90x in the last V buffer, run 169). d192 (in the last
+// K and V buffers as d256): every call (bench/NOTES.md session 45).
 // FLASH_CUDA_SM90_OSTORE in the environment (tests, A/B runs; read per call): "0" never,
-// another value for every fixed-length d128 / d256 call (not pingpong); unset, this rule.
+// another value for every fixed-length d128 / d192 / d256 call (not pingpong); unset, this rule.
 inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
     if (p.d == 64 || p.cu_seqlens_q != nullptr || p.sm90_pingpong) return false;
     const EnvChoice env = env_choice("FLASH_CUDA_SM90_OSTORE");
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
-    if (p.d == 256) return true;
+    if (p.d >= 192) return true;
     return p.is_causal ? p.seqlen_q <= 2048 : p.seqlen_k <= 1024;
 }
 
