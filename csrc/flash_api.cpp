@@ -226,7 +226,8 @@ bool with_sm90_head_dim([[maybe_unused]] int head_dim, [[maybe_unused]] Fn&& fn)
     }
 }
 
-// The forward of fwd / varlen_fwd: the sm90 kernel where the build has it (sm_90a), the device
+// The forward of fwd / varlen_fwd: the sm90 kernel where the build has it (sm_90a, and the head
+// dim's sm90 kernel: sm90::fwd_kernel_head_dim, d padded up to 64 / 128 / 192 / 256), the device
 // is sm_90, it is enabled and covers the call (sm90::fwd_supports); else the sm80 kernels.
 template <typename Element>
 void run_fwd_kernel(FwdParams& params, [[maybe_unused]] const at::Tensor& q, cudaStream_t stream) {
@@ -234,7 +235,7 @@ void run_fwd_kernel(FwdParams& params, [[maybe_unused]] const at::Tensor& q, cud
     const Sm90Mode mode = sm90_mode();
     if (mode != Sm90Mode::kOff && sm90::fwd_supports(params) && device_is_sm90(q)) {
         params.sm90_pingpong = mode == Sm90Mode::kPingpong;
-        const bool ran = with_sm90_head_dim(params.d, [&](auto hd) {
+        const bool ran = with_sm90_head_dim(sm90::fwd_kernel_head_dim(params.d), [&](auto hd) {
             constexpr int kHeadDim = decltype(hd)::value;
             params.is_causal ? run_mha_fwd_sm90<Element, kHeadDim, true>(params, stream)
                              : run_mha_fwd_sm90<Element, kHeadDim, false>(params, stream);

@@ -101,8 +101,9 @@ def test_varlen_emulated(d, feature):
 
 # ---- The sm90 forward (csrc/kernels/sm90/fwd_sm90.cuh: TMA, mbarrier pipeline, wgmma) on the
 # emulator's Hopper instructions (tests/emulation/kernels/sm90). Every case is one the kernel
-# covers (head dim 64 / 128 / 192 / 256, seqlen_q > 64, no dropout or KV cache), and each asserts
-# it ran.
+# covers (seqlen_q > 64, no dropout or KV cache; head dims 64 / 128 / 192 / 256, and the others
+# zero-padded up to the next of those: test_padded_head_dims_emulated_sm90), and each asserts it
+# ran.
 # Both variants (the default; "pingpong": the warpgroups take turns) on the grid and the
 # pipeline cases, the default on the rest.
 SM90_GRID = [c for c in sampled_cases() if c[1] in (64, 128, 192, 256) and c[2] == (113, 203)]
@@ -190,6 +191,25 @@ def test_o_store_emulated_sm90(d, causal, ostore, monkeypatch):
     assert_close_to_oracle(out, lse, q, k, v, causal=causal)
     stored = "O stored by TMA" if ostore == "1" else "O stored from registers"
     assert stored in driver.LAST_STDOUT
+
+
+@pytest.mark.parametrize("ostore", ("0", "1"), ids=("registers", "tma"))
+@pytest.mark.parametrize("d", (32, 40, 59, 80, 96, 111, 160, 224))
+def test_padded_head_dims_emulated_sm90(d, ostore, monkeypatch):
+    """A head dim below 64 / 128 / 192 / 256 runs the next kernel up (fwd_kernel_head_dim): the
+    TMA zero-fills Q, K and V past d (59 and 111: the API pads them to 64 and 112 first), and O
+    leaves with d columns, from the registers ("0") or by TMA stores ("1", d > 64), against the
+    oracle; GQA, a window at even d, causal at odd."""
+    monkeypatch.setenv("FLASH_CUDA_SM90_OSTORE", ostore)
+    gen = torch.Generator().manual_seed(d + 7 * int(ostore))
+    dtype = torch.float16 if d % 16 else torch.bfloat16
+    q, k, v = make_qkv(2, 150, 203, 4, 2, d, dtype, gen=gen, device="cpu")
+    opts = {"window": (60, 20)} if d % 2 == 0 else {"causal": True}
+    out, lse = run_sm90(q, k, v, **opts)
+    assert_close_to_oracle(out, lse, q, k, v, **opts)
+    if d > 64:
+        stored = "O stored by TMA" if ostore == "1" else "O stored from registers"
+        assert stored in driver.LAST_STDOUT
 
 
 @pytest.mark.parametrize("causal", (False, True))

@@ -1,6 +1,7 @@
 """The sm90 forward (csrc/kernels/sm90/fwd_sm90.cuh: TMA, mbarrier pipeline, wgmma) on an sm_90 GPU:
-the forward GPU tests of test_fwd_gpu.py that it covers (head dims 64, 128, 192, 256, more than 64
-query rows, no dropout or KV cache), run with FLASH_CUDA_SM90=1 and =pingpong, same oracle and rules.
+the forward GPU tests of test_fwd_gpu.py that it covers (more than 64 query rows, no dropout or KV
+cache; head dims 64, 128, 192, 256, and the others zero-padded up to the next of those), run with
+FLASH_CUDA_SM90=1 and =pingpong, same oracle and rules.
 Every test also checks with the profiler that the sm90 kernel of that variant ran (a silent
 fallback to the sm80 kernels would otherwise pass)."""
 
@@ -33,8 +34,8 @@ def sm90_forward(monkeypatch, request):
         yield
 
 
-HEAD_DIMS = (64, 128, 192, 256)
-GRID = [c for c in base.sampled_cases() if c[1] in HEAD_DIMS and c[2][0] > 64]
+HEAD_DIMS = (64, 128, 192, 256)  # the kernels'; the grid has the padded head dims too
+GRID = [c for c in base.sampled_cases() if c[2][0] > 64]
 DTYPE_IDS = {"ids": lambda t: str(t)[6:]}
 
 
@@ -171,3 +172,21 @@ def test_o_store_sm90(shape, ostore, d, monkeypatch):
     base.poison_allocator(q.numel() * 2 + b * sq * h * 4)  # out and lse start as NaN
     out, lse = base.fwd(q, k, v, causal=causal)
     base.assert_close_to_oracle(out, lse, q, k, v, causal=causal)
+
+
+PADDED = [(32, "0"), (40, "0"), *[(d, o) for d in (80, 96, 112, 160, 224) for o in ("0", "1")]]
+
+
+@pytest.mark.parametrize("d,ostore", PADDED)
+def test_padded_head_dims_sm90(d, ostore, monkeypatch):
+    """Head dims below 64 / 128 / 192 / 256 on the next kernel up (fwd_kernel_head_dim: Q, K, V
+    zero-filled past d by the TMA), O stored with d columns from the registers ("0") or by TMA
+    stores ("1"; kernels of d >= 128), against the oracle. One head first: a store past column d
+    would write the next row's first columns, which the same warp stores earlier (the oracle
+    sees it); then GQA 4 / 1, causal."""
+    monkeypatch.setenv("FLASH_CUDA_SM90_OSTORE", ostore)
+    for b, h, hk, causal in ((2, 1, 1, False), (1, 4, 1, True)):
+        q, k, v = base.make_qkv(b, 300, 333, h, hk, d, torch.bfloat16)
+        base.poison_allocator(q.numel() * 2 + b * 300 * h * 4)  # out and lse start as NaN
+        out, lse = base.fwd(q, k, v, causal=causal)
+        base.assert_close_to_oracle(out, lse, q, k, v, causal=causal)

@@ -26,6 +26,12 @@ def kernel_head_dim(d: int) -> int:
     return next(hd for hd in KERNEL_HEAD_DIMS if d <= hd)
 
 
+def sm90_kernel_head_dim(d: int) -> int:
+    """The sm90 forward kernel that runs head dim d (kernels/sm90/fwd_sm90_host.h
+    fwd_kernel_head_dim): d zero-padded up to 64, 128, 192 or 256."""
+    return next(hd for hd in (64, 128, 192, 256) if d <= hd)
+
+
 def sources() -> list[pathlib.Path]:
     return sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h")) + \
         sorted(HERE.glob("kernels/**/*")) + \
@@ -120,7 +126,10 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
         softmax_scale = d ** -0.5
     q, k, v = pad8(q), pad8(k), pad8(v)
     dp = q.shape[-1]
-    hd = kernel_head_dim(dp)
+    # The binary of the kernel head dim that runs the call: with sm90, that of the sm90 forward
+    # (its sm80 kernels then run the calls it does not cover, with the columns past d predicated
+    # off as for any d below a kernel's head dim).
+    hd = sm90_kernel_head_dim(dp) if sm90 else kernel_head_dim(dp)
     if varlen:
         b = cu_seqlens_q.numel() - 1
         sq, sk = int(max_seqlen_q), int(max_seqlen_k)

@@ -135,7 +135,10 @@ bool run_sm90(FwdParams& params) {
     namespace s90 = flash_cuda::sm90;
     const char* want = std::getenv("EMU_SM90");
     const std::string mode = want == nullptr ? "0" : want;
-    if ((mode != "1" && mode != "pingpong") || !s90::fwd_supports(params)) return false;
+    if ((mode != "1" && mode != "pingpong") || !s90::fwd_supports(params) ||
+        s90::fwd_kernel_head_dim(params.d) != EMU_HEAD_DIM) {
+        return false;
+    }
     params.sm90_pingpong = mode == "pingpong";  // as flash_api.cpp
     s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {
         run_sm90_traits<Element, Causal, decltype(traits)>(params);

@@ -38,15 +38,20 @@
 //   O only)     ones [8][64]     then the mbarriers
 //
 // Tensors as in sm80/fwd.cuh (q, k, v, o, lse; fixed length or varlen), read through rank-4
-// tensor maps (column, row, head, batch) built by the launcher (fwd_sm90_launch.cuh):
+// tensor maps (column, row, head, batch) built by the launcher (fwd_sm90_launch.cuh). Their
+// column extent is the call's head dim d, which may be less than HeadDim (d a multiple of 8;
+// fwd_sm90_host.h fwd_kernel_head_dim): the TMA zero-fills the columns past d, which then add
+// zeros to S and make zero columns of O, and O's stores write d columns (the TMA store clips
+// at the extent, the register stores test the column).
 //   fixed length: rows = seqlen, the batch coordinate = the batch: rows past a sequence's end are
 //     zero-filled by the TMA;
 //   varlen: rows = the packed total, batch extent 1, row coordinate = the sequence's start + the
 //     tile's row: rows past the sequence's end belong to the next sequence (keys masked; query
 //     rows never stored).
 // Not here (the launcher keeps these on the sm80 kernels): dropout with softcap or ALiBi, KV
-// caches (paged, cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims other
-// than 64 / 128 / 192 / 256 (whole 64-column slabs).
+// caches (paged, cache_batch_idx, leftpad, seqused_k), split-KV, GQA packing, head dims over
+// 256. Kernels exist for head dims 64 / 128 / 192 / 256 (whole 64-column slabs); smaller head
+// dims run the next one up, zero-padded (above).
 // Persistent: each CTA walks the tiles blockIdx.x, + gridDim.x, ... in the order of a grid
 // (m blocks, b, h), or causal in the level order, longest first, in a snake (FwdTile); a CTA's
 // barriers run on from one tile to the next, so its producer loads the next tile's Q and first
@@ -807,7 +812,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 out.o + static_cast<int64_t>(row) * params.o_row_stride + 2 * (lane % 4);
 #pragma unroll
             for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
-                *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = o_pair(dt, half);
+                // Only the call's d columns (a multiple of 8; the rest are the zero padding).
+                if (8 * dt < params.d) {
+                    *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = o_pair(dt, half);
+                }
             }
         }
     }

@@ -21,26 +21,35 @@ constexpr bool fwd_head_dim_supported(int d) {
     return d == 64 || d == 128 || d == 192 || d == 256;
 }
 
+// The sm90 forward kernel that runs head dim d (a multiple of 8, at most 256): the smallest of
+// 64 / 128 / 192 / 256 that holds it. Below the kernel's head dim the tensor maps' column extent
+// is d, so the TMA zero-fills Q, K and V past it (S and O exact: the padded columns add zeros)
+// and the epilogue stores only d columns of O. 0 when none holds d.
+constexpr int fwd_kernel_head_dim(int d) {
+    return d <= 0 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : d <= 256 ? 256 : 0;
+}
+
 // Query tiles of a forward call: 128-row blocks of the (max) query length x batch x heads.
 inline int64_t fwd_sm90_tiles(const FwdParams& p) {
     constexpr int kBlockM = 128;  // FwdSm90Traits::kBlockM
     return (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.b * p.h;
 }
 
-// Whether the sm90 forward kernel handles the call: head dim 64, 128, 192 or 256 exactly (the TMA
-// boxes are 64 columns wide), dropout only without softcap / ALiBi, no KV-cache features (paged,
-// cache_batch_idx, leftpad, seqused_k, appended keys), no split-KV or GQA packing, more query
-// rows than a decode step (seqlen_q > 64: shorter calls stay on the sm80 decode tile), at least
-// one key row in k / v (a tensor map needs extents >= 1), fewer than 2^30 tiles (a CTA's last
-// tile index, below tiles + gridDim.x with gridDim.x <= tiles, stays an int). Pointers and
-// strides 16-byte aligned: the caller's (flash_api.cpp pads / copies to that).
+// Whether the sm90 forward kernel handles the call: a head dim of at most 256 (a multiple of 8:
+// the callers pad to that; the kernel is fwd_kernel_head_dim's), dropout only without softcap /
+// ALiBi, no KV-cache features (paged, cache_batch_idx, leftpad, seqused_k, appended keys), no
+// split-KV or GQA packing, more query rows than a decode step (seqlen_q > 64: shorter calls stay
+// on the sm80 decode tile), at least one key row in k / v (a tensor map needs extents >= 1),
+// fewer than 2^30 tiles (a CTA's last tile index, below tiles + gridDim.x with gridDim.x <=
+// tiles, stays an int). Pointers and strides 16-byte aligned: the caller's (flash_api.cpp pads /
+// copies to that).
 inline bool fwd_supports(const FwdParams& p) {
     const bool has_keys = p.cu_seqlens_q != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
     const bool kv_cache = p.block_table != nullptr || p.cache_batch_idx != nullptr ||
                           p.leftpad_k != nullptr || p.seqused_k != nullptr || p.knew_ptr != nullptr;
     const bool dropout_ok =
         p.p_keep >= 1.f || (!(p.softcap > 0.f) && p.alibi_slopes_ptr == nullptr);
-    return fwd_head_dim_supported(p.d) && p.d == p.d_rounded && dropout_ok && has_keys &&
+    return fwd_kernel_head_dim(p.d) > 0 && p.d % 8 == 0 && dropout_ok && has_keys &&
            !kv_cache && p.num_splits <= 1 && p.gqa_pack <= 1 && p.seqlen_q > 64 &&
            fwd_sm90_tiles(p) < (int64_t{1} << 30) && p.is_seqlens_k_cumulative;
 }
@@ -52,8 +61,9 @@ inline bool fwd_supports(const FwdParams& p) {
 // against one CTA per tile (bench/NOTES.md run 156): causal d64 / d128 persistent 1.02-1.38x at
 // s512-8k but 0.96-0.99x at s16k (the hardware's greedy hand-out balances better there); d256
 // 1.05-1.06x at s4k-8k but 0.81x at s512-1k (the level order puts up to 132 heads' K / V in
-// flight, more than the L2 holds at 256 columns); d192 as d256 (bench/NOTES.md session 45).
-// Windows and varlen keep one CTA per tile.
+// flight, more than the L2 holds at 256 columns); d192 as d256 (run 211: persistent at causal
+// s512-2k 0.97-1.02x). By the kernel's head dim (fwd_kernel_head_dim). Windows and varlen keep
+// one CTA per tile.
 // FLASH_CUDA_SM90_PERSIST in the environment (A/B runs, read per call): "0" one CTA per tile
 // always, another value persistent always; unset, this rule.
 inline bool fwd_sm90_persistent(const FwdParams& p) {
@@ -61,10 +71,10 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     if (p.cu_seqlens_q != nullptr || p.window_size_left >= 0) return false;
     if (!p.is_causal) return p.window_size_right < 0;
-    return p.seqlen_q <= 8192 && (p.d < 192 || p.seqlen_q >= 4096);
+    return p.seqlen_q <= 8192 && (fwd_kernel_head_dim(p.d) < 192 || p.seqlen_q >= 4096);
 }
 
-// Whether a head-dim-64 call takes key blocks of 192 (FwdSm90Config<64>::WideTraits) instead of
+// Whether a call of the d64 kernel takes key blocks of 192 (FwdSm90Config<64>::WideTraits) instead of
 // 128: fixed length, not causal, no window, at least 4096 keys, not pingpong. Measured on the
 // H200 (bench/NOTES.md run 161, d64 non-causal, 192 keys and 3 stages against 128 keys): s4096
 // 1.06x, s8192 1.11-1.14x, s16384 1.18-1.19x; s512-2048 0.79-0.97x (the last block's padding:
@@ -72,7 +82,7 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
 // environment (tests, A/B runs; read per call): "0" never, another value for every d64
 // non-causal call (windows and varlen included); unset, this rule.
 inline bool fwd_sm90_wide_key_blocks(const FwdParams& p) {
-    if (p.d != 64 || p.is_causal || p.sm90_pingpong) return false;
+    if (fwd_kernel_head_dim(p.d) != 64 || p.is_causal || p.sm90_pingpong) return false;
     const EnvChoice env = env_choice("FLASH_CUDA_SM90_KEYS192");
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     return p.cu_seqlens_q == nullptr && p.window_size_left < 0 && p.window_size_right < 0 &&
@@ -144,20 +154,22 @@ inline int make_fwd_tensor_maps(const FwdParams& p, uint32_t q_box_rows, uint32_
 // Whether a call takes the kernel whose O leaves through shared memory and TMA stores
 // (FwdSm90Config<HeadDim>::StagedOTraits) rather than 4-byte stores from the registers: fixed
 // length (the TMA store clips at seqlen_q; a varlen tile's rows past its sequence belong to the
-// next one), not pingpong, d128, d192 or d256. Measured on the H200 against the register stores:
+// next one), not pingpong, the d128, d192 or d256 kernel (head dims padded to them included).
+// Measured on the H200 against the register stores:
 // d128 (a 32 KB buffer of its own; bench/NOTES.md runs 165, 167) causal s512 / s1k / s2k 1.18 /
 // 1.12-1.14 / 1.06-1.08x, s4k 1.02x (GQA 32/8 0.97x), s8k 0.98x; non-causal s512 / s1k
 // 1.09-1.12 / 1.02-1.06x, s2k-8k 0.96-0.99x: its short tiles only. d256 (O in the last K and V
 // buffers; run 169) 1.01-1.21x on every cell of the grid: every call. d64: never (0.82-1.01x
 // with a buffer of its own, run 165; 0.85-0.90x in the last V buffer, run 169). d192 (in the last
-// K and V buffers as d256): every call (bench/NOTES.md session 45).
+// K and V buffers as d256): every call (bench/NOTES.md run 211: registers 0.90-0.99x).
 // FLASH_CUDA_SM90_OSTORE in the environment (tests, A/B runs; read per call): "0" never,
 // another value for every fixed-length d128 / d192 / d256 call (not pingpong); unset, this rule.
 inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
-    if (p.d == 64 || p.cu_seqlens_q != nullptr || p.sm90_pingpong) return false;
+    const int head_dim = fwd_kernel_head_dim(p.d);  // the kernel's
+    if (head_dim == 64 || p.cu_seqlens_q != nullptr || p.sm90_pingpong) return false;
     const EnvChoice env = env_choice("FLASH_CUDA_SM90_OSTORE");
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
-    if (p.d >= 192) return true;
+    if (head_dim >= 192) return true;
     return p.is_causal ? p.seqlen_q <= 2048 : p.seqlen_k <= 1024;
 }
 

@@ -63,7 +63,7 @@ void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
 template <typename Element, int HeadDim, bool Causal>
 void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
     if (params.seqlen_q <= 0 || params.b <= 0 || params.h <= 0) return;
-    if (params.d != HeadDim || !sm90::fwd_supports(params)) {
+    if (sm90::fwd_kernel_head_dim(params.d) != HeadDim || !sm90::fwd_supports(params)) {
         throw std::runtime_error("flash_cuda: the sm90 forward kernel does not cover this call");
     }
     sm90::with_fwd_sm90_traits<HeadDim, Causal>(params, [&](auto traits) {
