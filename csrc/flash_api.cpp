@@ -420,8 +420,8 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_BWD_CASE
 }
 
-// Whether the backward main kernel is the sm90 one: the build has it (sm_90a) for this head dim,
-// the device is sm_90, FLASH_CUDA_SM90 is unset, 1 or pingpong (0 / "fwd" leave the backward on
+// Whether the backward main kernel is the sm90 one: the build has it (sm_90a) for this head dim
+// (sm90::bwd_kernel_head_dim: d padded up to 64 / 128 / 256), the device is sm_90, FLASH_CUDA_SM90 is unset, 1 or pingpong (0 / "fwd" leave the backward on
 // sm80) and it covers the call (sm90::bwd_supports); else the sm80 kernels run.
 bool sm90_bwd_covers([[maybe_unused]] const BwdParams& params,
                      [[maybe_unused]] const at::Tensor& q) {
@@ -429,7 +429,8 @@ bool sm90_bwd_covers([[maybe_unused]] const BwdParams& params,
     const Sm90Mode mode = sm90_mode();
     return (mode == Sm90Mode::kForwardBackward || mode == Sm90Mode::kPingpong) &&
            sm90::bwd_supports(params) &&
-           device_is_sm90(q) && with_sm90_head_dim(params.d, [](auto hd) {
+           device_is_sm90(q) &&
+           with_sm90_head_dim(sm90::bwd_kernel_head_dim(params.d), [](auto hd) {
                return sm90::bwd_head_dim_supported(decltype(hd)::value);
            });
 #else
@@ -437,12 +438,13 @@ bool sm90_bwd_covers([[maybe_unused]] const BwdParams& params,
 #endif
 }
 
-// The backward main kernel (and the steps around it): sm90 where sm90_bwd_covers() said so.
+// The backward main kernel (and the steps around it): sm90 where sm90_bwd_covers() said so (its
+// head dim then in params.d_rounded).
 template <typename Element>
 void run_bwd_kernel(BwdParams& params, [[maybe_unused]] bool sm90, cudaStream_t stream) {
 #ifdef FLASH_CUDA_HAS_SM90
     if (sm90) {
-        with_sm90_head_dim(params.d, [&](auto hd) {
+        with_sm90_head_dim(params.d_rounded, [&](auto hd) {
             constexpr int kHeadDim = decltype(hd)::value;
             if constexpr (sm90::bwd_head_dim_supported(kHeadDim)) {
                 params.is_causal ? run_mha_bwd_sm90<Element, kHeadDim, true>(params, stream)
@@ -495,6 +497,10 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     BwdParams params{};
     set_fwd_params(params, dims, q_p, k_p, v_p, out_p, lse, opts);
     set_dropout_params(params, opts.dropout_p, philox);
+    params.deterministic = deterministic;
+    const bool sm90 = sm90_bwd_covers(params, q);
+    // The sm90 kernel's head dim sizes the workspaces (d zero-padded up to 64 / 128 / 256).
+    if (sm90) params.d_rounded = sm90::bwd_kernel_head_dim(params.d);
     const int64_t hd = params.d_rounded;
     const auto f32 = q.options().dtype(at::kFloat);
     // Workspaces (bwd_launch.cuh): fixed length per (b, h) with rows rounded to 128, varlen
@@ -506,8 +512,6 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     // Deterministic dq: the sm90 kernel orders its CTAs' dQ additions with one semaphore per
     // (batch, head, 64-query block) (bwd_sm90.cuh DqTurns); the sm80 one accumulates into
     // `splits` slices.
-    params.deterministic = deterministic;
-    const bool sm90 = sm90_bwd_covers(params, q);
     const int splits = deterministic && !sm90
                            ? bwd_dq_splits(q, dims.batch * dims.heads, dims.seqlen_k, dq_slice * 4)
                            : 1;

@@ -21,26 +21,28 @@ SM90_GPU = pytest.mark.skipif(
 KERNEL_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)  # csrc/generate_kernels.py HEAD_DIMS
 
 
-def kernels_for_head_dim(d: int) -> set[int]:
+def kernels_for_head_dim(d: int, backward: bool = False) -> set[int]:
     """The kernel head dims a call of head dim d needs built to run a kernel on an sm_90 GPU: the
     sm80 one (flash_api.cpp kernel_head_dim: the op takes the kernel path only where it is built)
     and the sm90 forward's (kernels/sm90/fwd_sm90_host.h fwd_kernel_head_dim: d padded up to 64,
-    128, 192 or 256), d first padded to a multiple of 8."""
+    128, 192 or 256) or, backward, the sm90 backward's (bwd_sm90_host.h bwd_kernel_head_dim: 64,
+    128 or 256), d first padded to a multiple of 8."""
     d += -d % 8
+    sm90_dims = (64, 128, 256) if backward else (64, 128, 192, 256)
     return {next(hd for hd in KERNEL_HEAD_DIMS if d <= hd),
-            next(hd for hd in (64, 128, 192, 256) if d <= hd)}
+            next(hd for hd in sm90_dims if d <= hd)}
 
 
-def skip_unbuilt_head_dim(request) -> None:
+def skip_unbuilt_head_dim(request, backward: bool = False) -> None:
     """Skips a test whose head dim (its `d` parameter, or a grid case's second field) lacks a
-    kernel it needs in this build (kernels_for_head_dim): calls there run the reference or the
-    sm80 kernels, so "the sm90 kernel ran" cannot hold."""
+    kernel it needs in this build (kernels_for_head_dim; backward: the sm90 backward's): calls
+    there run the reference or the sm80 kernels, so "the sm90 kernel ran" cannot hold."""
     params = getattr(request.node, "callspec", None)
     params = params.params if params is not None else {}
     d = params.get("d", params["case"][1] if "case" in params else None)
-    if d is not None and not kernels_for_head_dim(d) <= built_head_dims():
-        pytest.skip(f"head dim {d}: kernels {sorted(kernels_for_head_dim(d))} not all built "
-                    "(FLASH_CUDA_HEADDIMS)")
+    needed = kernels_for_head_dim(d, backward) if d is not None else set()
+    if not needed <= built_head_dims():
+        pytest.skip(f"head dim {d}: kernels {sorted(needed)} not all built (FLASH_CUDA_HEADDIMS)")
 
 
 # The key block and the pingpong, staged-O and dropout flags of the sm90 forward's traits

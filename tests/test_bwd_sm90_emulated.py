@@ -1,8 +1,8 @@
 """The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh, bwd_sm90_wide.cuh) on the CPU emulator's
 Hopper instructions (tests/emulation/kernels/sm90), with the sm80 backward's preprocess and convert
 kernels around it, against the fp64 oracle (tests/emulation/check_bwd.py: the 3x rule of DESIGN.md
-section 9). Each case is one the kernels cover (head dim 64 / 128 / 256, no softcap or dropout)
-and asserts it ran."""
+section 9). Each case is one the kernels cover (no softcap; head dims 64 / 128 / 256, and the others
+zero-padded up to the next of those: PADDED_CASES) and asserts it ran."""
 
 from __future__ import annotations
 
@@ -57,11 +57,25 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("args,kwargs", CASES, ids=lambda x: str(x))
+# Head dims below a kernel's on the next one up (bwd_sm90_host.h bwd_kernel_head_dim): Q, K, V,
+# dO zero-filled past d by the TMA, dQ reductions clipped at d in a d_rounded-wide accumulator,
+# dK / dV stored with d columns (MHA) or through workspaces of the kernel's width (GQA); d160 /
+# d224 on the wide d256 kernel.
+PADDED_CASES = [
+    ((F16, 40, 113, 203, True, (-1, -1), 2, 1), {}),
+    ((BF16, 96, 150, 260, False, (-1, -1), 2, 2), {}),
+    ((BF16, 112, 0, 0, True, (-1, -1), 2, 1), {"varlen_lens": [(70, 20), (1, 150), (130, 65)]}),
+    ((F16, 160, 113, 203, False, (40, 7), 2, 1), {}),
+    ((BF16, 224, 130, 90, True, (-1, -1), 2, 2), {"deterministic": True}),
+    ((F16, 80, 203, 300, True, (-1, -1), 2, 1), {"deterministic": True, "alibi": True}),
+]
+
+
+@pytest.mark.parametrize("args,kwargs", CASES + PADDED_CASES, ids=lambda x: str(x))
 def test_bwd_emulated_sm90(args, kwargs):
     ok, msg = check_bwd.check(*args, sm90=True, **kwargs)
     assert "sm90 backward" in bwd_driver.LAST_STDOUT, "the sm90 backward kernel did not run"
-    # pingpong at d64 / d128 unless deterministic (the ordered kernel); d256 never
+    # pingpong on the d64 / d128 kernels unless deterministic (the ordered kernel); d256 never
     pingpong = args[1] <= 128 and not kwargs.get("deterministic", False)
     assert ("sm90 backward, pingpong" in bwd_driver.LAST_STDOUT) == pingpong, bwd_driver.LAST_STDOUT
     assert ok, msg

@@ -1,6 +1,7 @@
 """The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh and, d256, bwd_sm90_wide.cuh: TMA, mbarriers,
 wgmma) on an sm_90 GPU: the backward GPU tests of test_bwd_gpu.py that it covers (head dims 64, 128
-and 256, no softcap, no dropout; deterministic too), run with FLASH_CUDA_SM90=1 (which
+and 256, and the others zero-padded up to the next of those; no softcap; deterministic too; the
+dropout variant: test_dropout_gpu.py), run with FLASH_CUDA_SM90=1 (which
 also runs the sm90 forward where it covers the call), same oracle and 3x rule. Every test also
 checks with the profiler that an sm90 backward kernel ran."""
 
@@ -18,7 +19,7 @@ HEAD_DIMS = (64, 128, 256)
 
 @pytest.fixture(autouse=True)
 def sm90_backward(monkeypatch, request):
-    skip_unbuilt_head_dim(request)
+    skip_unbuilt_head_dim(request, backward=True)
     with sm90_kernel_runs(monkeypatch, "mha_bwd_sm90_"):
         yield
 
@@ -115,3 +116,27 @@ def test_deterministic_many_ctas_sm90(d, causal):
     plain = base.bwd(dout, q, k, v, out, lse, deterministic=False, **kw)
     assert torch.equal(first[1], plain[1]) and torch.equal(first[2], plain[2])  # dk, dv
     torch.testing.assert_close(first[0], plain[0], rtol=1.6e-2, atol=1e-3)  # 1 bf16 ulp
+
+
+# Head dims below a kernel's on the next one up (bwd_sm90_host.h bwd_kernel_head_dim; d160 /
+# d224 the wide d256 kernel): the TMA zero-fills Q, K, V, dO past d, the dQ reductions clip at d
+# in the d_rounded-wide accumulator, dK / dV leave with d columns (MHA) or through workspaces of
+# the kernel's width (GQA).
+PADDED_HEAD_DIMS = (40, 80, 96, 112, 160, 224)
+
+
+@pytest.mark.parametrize("ratio", (1, 4))
+@pytest.mark.parametrize("mask", ("plain", "causal", "window"))
+@pytest.mark.parametrize("d", PADDED_HEAD_DIMS)
+def test_bwd_padded_head_dims_sm90(d, mask, ratio):
+    base.run_case(torch.bfloat16, d, 113, 203, mask, ratio)
+
+
+@pytest.mark.parametrize("d", (96, 160))
+def test_varlen_bwd_padded_head_dims_sm90(d):
+    base.run_varlen_case(torch.float16, d, "causal", 4, seed=d)
+
+
+@pytest.mark.parametrize("d", (80, 224))
+def test_deterministic_bitwise_padded_head_dims_sm90(d):
+    base.test_deterministic_bitwise(d, "plain")

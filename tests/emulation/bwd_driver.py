@@ -38,7 +38,10 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
         softmax_scale = d ** -0.5
     q, k, v, out, dout = pad8(q), pad8(k), pad8(v), pad8(out), pad8(dout)
     dp = q.shape[-1]
-    hd = next(h for h in BWD_HEAD_DIMS if dp <= h)
+    # The binary of the kernel head dim that runs the call: with sm90, that of the sm90 backward
+    # (bwd_sm90_host.h bwd_kernel_head_dim: d padded up to 64 / 128 / 256; its sm80 kernels then
+    # run the calls it does not cover, with the columns past d predicated off).
+    hd = next(h for h in ((64, 128, 256) if sm90 else BWD_HEAD_DIMS) if dp <= h)
     if varlen:
         b = cu_seqlens_q.numel() - 1
         sq, sk = int(max_seqlen_q), int(max_seqlen_k)

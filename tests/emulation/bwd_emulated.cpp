@@ -182,7 +182,10 @@ bool run_sm90(BwdParams& params) {
 #if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
     namespace s90 = flash_cuda::sm90;
     const char* want = std::getenv("EMU_SM90");
-    if (want == nullptr || std::string(want) != "1" || !s90::bwd_supports(params)) return false;
+    if (want == nullptr || std::string(want) != "1" || !s90::bwd_supports(params) ||
+        s90::bwd_kernel_head_dim(params.d) != EMU_HEAD_DIM) {
+        return false;
+    }
     using Config = s90::BwdSm90Config<EMU_HEAD_DIM>;
     // As the launcher: dropout without ALiBi (bwd_supports).
     auto go = [&](auto traits) {

@@ -16,15 +16,25 @@ namespace sm90 {
 
 constexpr bool bwd_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
 
-// Head dim 64, 128 or 256 exactly, no softcap, dropout only without ALiBi (those stay on the sm80
-// backward), at least one key row, grid limits; pointers and strides 16-byte aligned (the
-// caller's).
+// The sm90 backward kernel that runs head dim d (a multiple of 8, at most 256): the smallest of 64
+// / 128 / 256 that holds it, as the forward's fwd_kernel_head_dim. The tensor maps' column extent
+// is d, so the TMA zero-fills Q, K, V and dO past it (S^T, dP^T exact; the padded columns of dQ,
+// dK and dV come out zero), the dQ reductions clip at d, and dK / dV are stored with d columns
+// (MHA) or into workspaces of the kernel's head dim (GQA; the caller sizes them from d_rounded,
+// which it sets to this). 0 when none holds d.
+constexpr int bwd_kernel_head_dim(int d) {
+    return d <= 0 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
+}
+
+// A head dim of at most 256 (a multiple of 8; bwd_kernel_head_dim's kernel), no softcap, dropout
+// only without ALiBi (those stay on the sm80 backward), at least one key row, grid limits;
+// pointers and strides 16-byte aligned (the caller's).
 inline bool bwd_supports(const BwdParams& p) {
     const bool varlen = p.cu_seqlens_q != nullptr;
     const bool has_keys = varlen ? p.total_k > 0 : p.seqlen_k > 0;
     const bool has_queries = varlen ? p.total_q > 0 : p.seqlen_q > 0;
     const bool dropout_ok = p.p_keep >= 1.f || p.alibi_slopes_ptr == nullptr;
-    return bwd_head_dim_supported(p.d) && p.d == p.d_rounded && !(p.softcap > 0.f) &&
+    return bwd_kernel_head_dim(p.d) > 0 && p.d % 8 == 0 && !(p.softcap > 0.f) &&
            dropout_ok && has_keys && has_queries &&
            p.is_seqlens_k_cumulative && p.b <= 65535 && p.h <= 65535;
 }
@@ -42,8 +52,9 @@ inline bool bwd_sm90_ordered_kernel(const BwdParams& p) {
 }
 
 // The dQ accumulator as a 2-D fp32 map, for the main kernels' TMA reductions: its rows (b h
-// seqlen_q_rounded, or varlen h total_q) of d columns, boxes of 32 columns x box_rows rows with
-// the 128-byte swizzle (the layout the kernels stage dQ in).
+// seqlen_q_rounded, or varlen h total_q) of d_rounded floats, of which the first d are the map's
+// columns (the reductions clip the padding), boxes of 32 columns x box_rows rows with the
+// 128-byte swizzle (the layout the kernels stage dQ in).
 inline int make_dq_accum_map(const BwdParams& p, uint32_t box_rows, CUtensorMap* map) {
     *map = CUtensorMap{};
     const bool varlen = p.cu_seqlens_q != nullptr;
@@ -51,9 +62,9 @@ inline int make_dq_accum_map(const BwdParams& p, uint32_t box_rows, CUtensorMap*
                                 : static_cast<int64_t>(p.b) * p.h * p.seqlen_q_rounded;
     // The kernel's row coordinates are 32-bit (2^31 rows of fp32 would be >= 512 GB).
     if (rows >= (int64_t{1} << 31)) return CUDA_ERROR_INVALID_VALUE;
-    TensorMapDesc m = matrix_map(p.dq_accum_ptr, static_cast<uint64_t>(rows),
-                                 static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.d) * 4,
-                                 box_rows, 32);
+    TensorMapDesc m =
+        matrix_map(p.dq_accum_ptr, static_cast<uint64_t>(rows), static_cast<uint64_t>(p.d),
+                   static_cast<uint64_t>(p.d_rounded) * 4, box_rows, 32);
     m.elem_bytes = 4;
     return encode_tensor_map(map, m);
 }
