@@ -13,8 +13,8 @@ Specification (DESIGN.md sections 4, 9; issue 4):
     2 max|out_pt - ref| + 1e-5; lse is that of the undropped softmax;
   * gradients (kernel backward, replaying the forward's mask from rng_state) against fp64
     autograd with the mask of S_dmask, 3x rule: the backward is consistent with the returned mask;
-  * on an sm_90 GPU the forward of head dims 64 / 128 / 192 / 256 (more than 64 query rows, no
-    softcap / ALiBi) runs the Hopper kernel's dropout variant (since session 40): mask bitwise,
+  * on an sm_90 GPU the forward (more than 64 query rows, no softcap / ALiBi; every head dim
+    since session 45) runs the Hopper kernel's dropout variant (since session 40): mask bitwise,
     values, and the same mask as the sm80 kernel's (FLASH_CUDA_SM90=0); so does the backward
     (no ALiBi): gradients with the 3x rule, deterministic too;
   * the backward kernel covers varlen and deterministic=True too, and dropout with softcap /
@@ -197,7 +197,7 @@ SM90_BWD_CASES = [  # dtype, d, sq, sk, h, hk, p, causal, deterministic
     (torch.bfloat16, 128, 200, 333, 2, 2, 0.17, False, True),
     (torch.float16, 256, 150, 260, 2, 1, 0.3, True, False),
     (torch.bfloat16, 256, 130, 90, 2, 2, 0.4, False, True),
-    # d192: the Hopper forward's mask replayed by the sm80 backward (no sm90 backward at d192)
+    # d192: the d192 forward's mask replayed by the wide d256 backward, zero-padded (session 45)
     (torch.bfloat16, 192, 200, 301, 2, 1, 0.3, True, False),
 ]
 
@@ -206,16 +206,14 @@ SM90_BWD_CASES = [  # dtype, d, sq, sk, h, hk, p, causal, deterministic
 @pytest.mark.parametrize("case", SM90_BWD_CASES,
                          ids=lambda c: f"d{c[1]}-{c[2]}x{c[3]}-{'det' if c[8] else 'atomic'}")
 def test_sm90_backward_dropout(monkeypatch, case):
-    """The Hopper backward's dropout variant (the profiler sees it ran, and the forward's; d192:
-    the Hopper forward's, then the sm80 backward): gradients with the 3x rule against fp64
-    autograd under the reference's mask."""
+    """The Hopper backward's dropout variant (the profiler sees it ran, and the forward's):
+    gradients with the 3x rule against fp64 autograd under the reference's mask."""
     dtype, d, sq, sk, h, hk, p, causal, deterministic = case
     if d not in built_head_dims():
         pytest.skip(f"head dim {d} not built (FLASH_CUDA_HEADDIMS)")
     q, k, v, dout = make_inputs(dtype, d, sq, sk, h, hk, seed=d + sk)
-    kernel = {192: "mha_fwd_sm90_kernel", 256: "mha_bwd_sm90_wide_kernel"}.get(
-        d, "mha_bwd_sm90_kernel")
-    with sm90_kernel_runs(monkeypatch, kernel, "1", fwd_dropout=True, bwd_dropout=d != 192):
+    kernel = "mha_bwd_sm90_wide_kernel" if d > 128 else "mha_bwd_sm90_kernel"
+    with sm90_kernel_runs(monkeypatch, kernel, "1", fwd_dropout=True, bwd_dropout=True):
         out, lse, _, rs = fwd(q, k, v, p, causal=causal)
         dq, dk, dv = bwd(dout, q, k, v, out, lse, p, rs, causal=causal,
                          deterministic=deterministic)
