@@ -33,6 +33,12 @@ def kernels_for_head_dim(d: int, backward: bool = False) -> set[int]:
             next(hd for hd in sm90_dims if d <= hd)}
 
 
+def sm90_forward_covers_head_dim(d: int) -> bool:
+    """Whether the sm90 forward takes head dim d at all (fwd_kernel_head_dim > 0): d > 32 after
+    the padding to a multiple of 8 (d <= 32 keeps the sm80 kernel of head dim 32)."""
+    return d + -d % 8 > 32
+
+
 def skip_unbuilt_head_dim(request, backward: bool = False) -> None:
     """Skips a test whose head dim (its `d` parameter, or a grid case's second field) lacks a
     kernel it needs in this build (kernels_for_head_dim; backward: the sm90 backward's): calls

@@ -28,8 +28,9 @@ def kernel_head_dim(d: int) -> int:
 
 def sm90_kernel_head_dim(d: int) -> int:
     """The sm90 forward kernel that runs head dim d (kernels/sm90/fwd_sm90_host.h
-    fwd_kernel_head_dim): d zero-padded up to 64, 128, 192 or 256."""
-    return next(hd for hd in (64, 128, 192, 256) if d <= hd)
+    fwd_kernel_head_dim): d zero-padded up to 64, 128, 192 or 256; d <= 32 none (the sm80
+    kernel of head dim 32: kernel_head_dim)."""
+    return kernel_head_dim(d) if d <= 32 else next(hd for hd in (64, 128, 192, 256) if d <= hd)
 
 
 def sources() -> list[pathlib.Path]:

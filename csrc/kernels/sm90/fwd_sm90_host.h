@@ -24,9 +24,12 @@ constexpr bool fwd_head_dim_supported(int d) {
 // The sm90 forward kernel that runs head dim d (a multiple of 8, at most 256): the smallest of
 // 64 / 128 / 192 / 256 that holds it. Below the kernel's head dim the tensor maps' column extent
 // is d, so the TMA zero-fills Q, K and V past it (S and O exact: the padded columns add zeros)
-// and the epilogue stores only d columns of O. 0 when none holds d.
+// and the epilogue stores only d columns of O. Measured against the sm80 kernels those calls ran
+// before (bench/NOTES.md runs 212, 215; an H100): d48 1.24-1.43x, d80-d112 0.92-1.80x (below
+// 1.0 only causal s512 at d96 / d112), d160 / d224 1.07-2.84x; d32 0.89-0.99x, so d <= 32 keeps
+// the sm80 kernel of head dim 32 (0 here). 0 also when none holds d.
 constexpr int fwd_kernel_head_dim(int d) {
-    return d <= 0 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : d <= 256 ? 256 : 0;
+    return d <= 32 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : d <= 256 ? 256 : 0;
 }
 
 // Query tiles of a forward call: 128-row blocks of the (max) query length x batch x heads.
