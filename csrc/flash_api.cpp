@@ -421,8 +421,9 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 }
 
 // Whether the backward main kernel is the sm90 one: the build has it (sm_90a) for this head dim
-// (sm90::bwd_kernel_head_dim: d padded up to 64 / 128 / 256), the device is sm_90, FLASH_CUDA_SM90 is unset, 1 or pingpong (0 / "fwd" leave the backward on
-// sm80) and it covers the call (sm90::bwd_supports); else the sm80 kernels run.
+// (sm90::bwd_kernel_head_dim: d padded up to 64 / 128 / 256), the device is sm_90,
+// FLASH_CUDA_SM90 is unset, 1 or pingpong (0 / "fwd" leave the backward on sm80) and it covers
+// the call (sm90::bwd_supports); else the sm80 kernels run.
 bool sm90_bwd_covers([[maybe_unused]] const BwdParams& params,
                      [[maybe_unused]] const at::Tensor& q) {
 #ifdef FLASH_CUDA_HAS_SM90

@@ -21,7 +21,9 @@ constexpr bool bwd_head_dim_supported(int d) { return d == 64 || d == 128 || d =
 // is d, so the TMA zero-fills Q, K, V and dO past it (S^T, dP^T exact; the padded columns of dQ,
 // dK and dV come out zero), the dQ reductions clip at d, and dK / dV are stored with d columns
 // (MHA) or into workspaces of the kernel's head dim (GQA; the caller sizes them from d_rounded,
-// which it sets to this). 0 when none holds d.
+// which it sets to this). fwd+bwd against the sm80 backward those calls ran before (bench/NOTES.md
+// runs 212, 214, 215; an H100; the forward's change included): d32 1.02-1.17x, d48 1.24-1.70x,
+// d80-d112 1.13-2.06x, d160 1.06-1.49x, d192 1.18-1.64x, d224 1.52-2.35x. 0 when none holds d.
 constexpr int bwd_kernel_head_dim(int d) {
     return d <= 0 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
 }

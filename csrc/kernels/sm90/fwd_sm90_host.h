@@ -24,10 +24,10 @@ constexpr bool fwd_head_dim_supported(int d) {
 // The sm90 forward kernel that runs head dim d (a multiple of 8, at most 256): the smallest of
 // 64 / 128 / 192 / 256 that holds it. Below the kernel's head dim the tensor maps' column extent
 // is d, so the TMA zero-fills Q, K and V past it (S and O exact: the padded columns add zeros)
-// and the epilogue stores only d columns of O. Measured against the sm80 kernels those calls ran
-// before (bench/NOTES.md runs 212, 215; an H100): d48 1.24-1.43x, d80-d112 0.92-1.80x (below
-// 1.0 only causal s512 at d96 / d112), d160 / d224 1.07-2.84x; d32 0.89-0.99x, so d <= 32 keeps
-// the sm80 kernel of head dim 32 (0 here). 0 also when none holds d.
+// and the epilogue stores only d columns of O. Forward against the sm80 kernels those calls ran
+// before (bench/NOTES.md runs 212, 215; an H100): d48 1.14-1.46x, d80-d112 0.92-1.97x (below
+// 1.0 only at causal s512, d96 / d112), d160 / d224 1.07-2.47x; d32 0.88-0.99x, so d <= 32
+// keeps the sm80 kernel of head dim 32 (0 here). 0 also when none holds d.
 constexpr int fwd_kernel_head_dim(int d) {
     return d <= 32 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : d <= 256 ? 256 : 0;
 }
@@ -77,12 +77,12 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
     return p.seqlen_q <= 8192 && (fwd_kernel_head_dim(p.d) < 192 || p.seqlen_q >= 4096);
 }
 
-// Whether a call of the d64 kernel takes key blocks of 192 (FwdSm90Config<64>::WideTraits) instead of
-// 128: fixed length, not causal, no window, at least 4096 keys, not pingpong. Measured on the
-// H200 (bench/NOTES.md run 161, d64 non-causal, 192 keys and 3 stages against 128 keys): s4096
-// 1.06x, s8192 1.11-1.14x, s16384 1.18-1.19x; s512-2048 0.79-0.97x (the last block's padding:
-// 2.67 blocks of 192 keys at s512) and causal 0.87-1.00x. FLASH_CUDA_SM90_KEYS192 in the
-// environment (tests, A/B runs; read per call): "0" never, another value for every d64
+// Whether a call of the d64 kernel takes key blocks of 192 (FwdSm90Config<64>::WideTraits)
+// instead of 128: fixed length, not causal, no window, at least 4096 keys, not pingpong. Measured
+// on the H200 (bench/NOTES.md run 161, d64 non-causal, 192 keys and 3 stages against 128 keys):
+// s4096 1.06x, s8192 1.11-1.14x, s16384 1.18-1.19x; s512-2048 0.79-0.97x (the last block's
+// padding: 2.67 blocks of 192 keys at s512) and causal 0.87-1.00x. FLASH_CUDA_SM90_KEYS192 in
+// the environment (tests, A/B runs; read per call): "0" never, another value for every d64
 // non-causal call (windows and varlen included); unset, this rule.
 inline bool fwd_sm90_wide_key_blocks(const FwdParams& p) {
     if (fwd_kernel_head_dim(p.d) != 64 || p.is_causal || p.sm90_pingpong) return false;
