@@ -186,13 +186,14 @@ __device__ __forceinline__ uint32_t draw_word(const Philox4& r, int word) {
     return word == 0 ? r.x : word == 1 ? r.y : word == 2 ? r.z : r.w;
 }
 
-// Forward, in fewer registers than apply_dropout (the sm90 d256 forward, where apply_dropout's
-// transposed words spill 40 bytes): the same draws, but lane t takes word t of each partner's
-// draw by a shuffle of a runtime-selected word (draw_word: branches) and collects keep bits
-// (bit 2 nt + c), applied per pair after the draws; kDrawUnroll draws in flight (the d256
-// kernel: all three of a row's; the block's 10 S tiles leave the last round's two groups
-// unused). About twice apply_dropout's instructions per draw beside the Philox rounds (local
-// SASS of the sm80 d64 kernel, bench/NOTES.md session 43).
+// Forward, in fewer registers than apply_dropout (the sm90 d192 / d256 forward; at d256
+// apply_dropout's transposed words spill 40 bytes): the same draws, but lane t takes word t of
+// each partner's draw by a shuffle of a runtime-selected word (draw_word: branches) and collects
+// keep bits (bit 2 nt + c), applied per pair after the draws; kDrawUnroll draws in flight (the
+// d256 kernel: all three of a row's, its block's 10 S tiles leaving the last round's two groups
+// unused; the d192 kernel: two of four, for 14 S tiles). About twice apply_dropout's
+// instructions per draw beside the Philox rounds (local SASS of the sm80 d64 kernel,
+// bench/NOTES.md session 43).
 template <int kMTiles, int kKSteps, int kDrawUnroll = 1>
 __device__ __forceinline__ void apply_dropout_keep_bits(uint32_t (&p_frag)[kMTiles][kKSteps][4],
                                                         const DropoutMask& mask, int row0,

@@ -27,7 +27,7 @@
 #include "kernels/decode.h"
 #include "kernels/sm80/fwd.cuh"
 #include "kernels/sm90/fwd_sm90_host.h"
-// Head dims with an sm90 forward kernel (kernels/sm90/fwd_sm90_host.h fwd_head_dim_supported).
+// Head dims with an sm90 forward kernel (kernels/sm90/fwd_sm90_host.h fwd_kernel_head_dim).
 #define EMU_HAS_SM90_FWD \
     (EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 192 || EMU_HEAD_DIM == 256)
 #if EMU_HAS_SM90_FWD

@@ -15,19 +15,14 @@
 namespace flash_cuda {
 namespace sm90 {
 
-// Head dims with an sm90 forward kernel (whole 64-column slabs: the TMA boxes and the 128-byte
-// swizzle).
-constexpr bool fwd_head_dim_supported(int d) {
-    return d == 64 || d == 128 || d == 192 || d == 256;
-}
-
 // The sm90 forward kernel that runs head dim d (a multiple of 8, at most 256): the smallest of
-// 64 / 128 / 192 / 256 that holds it. Below the kernel's head dim the tensor maps' column extent
-// is d, so the TMA zero-fills Q, K and V past it (S and O exact: the padded columns add zeros)
-// and the epilogue stores only d columns of O. Forward against the sm80 kernels those calls ran
-// before (bench/NOTES.md runs 212, 215; an H100): d48 1.14-1.46x, d80-d112 0.92-1.97x (below
-// 1.0 only at causal s512, d96 / d112), d160 / d224 1.07-2.47x; d32 0.88-0.99x, so d <= 32
-// keeps the sm80 kernel of head dim 32 (0 here). 0 also when none holds d.
+// 64 / 128 / 192 / 256 (the kernels: whole 64-column slabs, for the TMA boxes and the 128-byte
+// swizzle) that holds it. Below the kernel's head dim the tensor maps' column extent is d, so
+// the TMA zero-fills Q, K and V past it (S and O exact: the padded columns add zeros) and the
+// epilogue stores only d columns of O. Forward against the sm80 kernels those calls ran before
+// (bench/NOTES.md runs 212, 215; an H100): d48 1.14-1.46x, d80-d112 0.92-1.97x (below 1.0 only
+// at causal s512, d96 / d112), d160 / d224 1.07-2.47x; d32 0.88-0.99x, so d <= 32 keeps the sm80
+// kernel of head dim 32 (0 here). 0 also when none holds d.
 constexpr int fwd_kernel_head_dim(int d) {
     return d <= 32 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : d <= 256 ? 256 : 0;
 }
@@ -158,10 +153,10 @@ inline int make_fwd_tensor_maps(const FwdParams& p, uint32_t q_box_rows, uint32_
 // (FwdSm90Config<HeadDim>::StagedOTraits) rather than 4-byte stores from the registers: fixed
 // length (the TMA store clips at seqlen_q; a varlen tile's rows past its sequence belong to the
 // next one), not pingpong, the d128, d192 or d256 kernel (head dims padded to them included).
-// Measured on the H200 against the register stores:
-// d128 (a 32 KB buffer of its own; bench/NOTES.md runs 165, 167) causal s512 / s1k / s2k 1.18 /
-// 1.12-1.14 / 1.06-1.08x, s4k 1.02x (GQA 32/8 0.97x), s8k 0.98x; non-causal s512 / s1k
-// 1.09-1.12 / 1.02-1.06x, s2k-8k 0.96-0.99x: its short tiles only. d256 (O in the last K and V
+// Measured on the H200 against the register stores: d128 (a 32 KB buffer of its own;
+// bench/NOTES.md runs 165, 167) causal s512 / s1k / s2k 1.18 / 1.12-1.14 / 1.06-1.08x, s4k 1.02x
+// (GQA 32/8 0.97x), s8k 0.98x; non-causal s512 / s1k 1.09-1.12 / 1.02-1.06x, s2k-8k
+// 0.96-0.99x: its short tiles only. d256 (O in the last K and V
 // buffers; run 169) 1.01-1.21x on every cell of the grid: every call. d64: never (0.82-1.01x
 // with a buffer of its own, run 165; 0.85-0.90x in the last V buffer, run 169). d192 (in the last
 // K and V buffers as d256): every call (bench/NOTES.md run 211: registers 0.90-0.99x).
