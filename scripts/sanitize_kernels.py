@@ -120,7 +120,10 @@ def decode_calls(head_dims=(64, 80, 128, 256)):  # 80: a head dim below its tile
 
 
 def prefill_calls():
-    for d in (64, 80, 128):
+    """Varlen, paged varlen and fixed-length fwd+bwd at d64 / d128 and at head dims the Hopper
+    kernels run zero-padded (d80 on the d128 kernels; d160 on the d192 forward and the d256
+    backward, d224 on the d256 ones: session 45)."""
+    for d in (64, 80, 128, 160, 224):
         lens_q, lens_k = [37, 1, 100], [37, 64, 130]
         cu_q = ints([0] + torch.tensor(lens_q).cumsum(0).tolist())
         cu_k = ints([0] + torch.tensor(lens_k).cumsum(0).tolist())
