@@ -68,6 +68,7 @@ PADDED_CASES = [
     ((F16, 160, 113, 203, False, (40, 7), 2, 1), {}),
     ((BF16, 224, 130, 90, True, (-1, -1), 2, 2), {"deterministic": True}),
     ((F16, 80, 203, 300, True, (-1, -1), 2, 1), {"deterministic": True, "alibi": True}),
+    ((BF16, 16, 90, 70, False, (-1, -1), 2, 2), {"deterministic": True}),  # 16 of 64 columns
 ]
 
 

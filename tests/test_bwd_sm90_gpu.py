@@ -122,7 +122,7 @@ def test_deterministic_many_ctas_sm90(d, causal):
 # d224 the wide d256 kernel): the TMA zero-fills Q, K, V, dO past d, the dQ reductions clip at d
 # in the d_rounded-wide accumulator, dK / dV leave with d columns (MHA) or through workspaces of
 # the kernel's width (GQA).
-PADDED_HEAD_DIMS = (40, 80, 96, 112, 160, 224)
+PADDED_HEAD_DIMS = (16, 40, 80, 96, 112, 160, 224)
 
 
 @pytest.mark.parametrize("ratio", (1, 4))
