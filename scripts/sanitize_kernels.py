@@ -248,7 +248,7 @@ def dropout_calls():
     """Forward and backward with dropout, fixed length (persistent sm90 forward CTAs walking two
     tiles) and varlen, causal and not, d64 / d128 / d192 / d256: the sm90 forward's quads exchange
     their Philox words through shared memory at d64 / d128 (racecheck's case); deterministic=True
-    too (the ordered sm90 backward; d192: the sm80 backward)."""
+    too (the ordered sm90 backward; d192: the wide d256 kernel, zero-padded)."""
     b, s, h = 2, 300, 24
     for d in (64, 128, 192, 256):
         q, k, v = (rand(b, s, h, d, grad=True) for _ in range(3))

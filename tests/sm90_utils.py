@@ -6,37 +6,37 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import re
+import sys
 
 import pytest
 import torch
 
 from api_utils import built_head_dims
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "emulation"))
+# The host's head-dim rules, mirrored for the emulator (flash_api.cpp kernel_head_dim,
+# kernels/sm90/*_host.h fwd_kernel_head_dim / bwd_kernel_head_dim).
+from driver import kernel_head_dim, sm90_bwd_kernel_head_dim, sm90_fwd_kernel_head_dim  # noqa: E402
+
 SM90_GPU = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
     reason="needs an sm_90 GPU (H100 / H200)")
 
 
-KERNEL_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)  # csrc/generate_kernels.py HEAD_DIMS
-
-
 def kernels_for_head_dim(d: int, backward: bool = False) -> set[int]:
-    """The kernel head dims a call of head dim d needs built to run a kernel on an sm_90 GPU: the
-    sm80 one (flash_api.cpp kernel_head_dim: the op takes the kernel path only where it is built)
-    and the sm90 forward's (kernels/sm90/fwd_sm90_host.h fwd_kernel_head_dim: d padded up to 64,
-    128, 192 or 256) or, backward, the sm90 backward's (bwd_sm90_host.h bwd_kernel_head_dim: 64,
-    128 or 256), d first padded to a multiple of 8."""
+    """The kernel head dims a call of head dim d (first padded to a multiple of 8) needs built to
+    run its sm90 kernel: the sm80 one (the op takes the kernel path only where it is built) and
+    the sm90 forward's or, backward, the sm90 backward's."""
     d += -d % 8
-    sm90_dims = (64, 128, 256) if backward else (64, 128, 192, 256)
-    return {next(hd for hd in KERNEL_HEAD_DIMS if d <= hd),
-            next(hd for hd in sm90_dims if d <= hd)}
+    sm90 = sm90_bwd_kernel_head_dim(d) if backward else sm90_fwd_kernel_head_dim(d)
+    return {kernel_head_dim(d), sm90} - {0}
 
 
 def sm90_forward_covers_head_dim(d: int) -> bool:
-    """Whether the sm90 forward takes head dim d at all (fwd_kernel_head_dim > 0): d > 32 after
-    the padding to a multiple of 8 (d <= 32 keeps the sm80 kernel of head dim 32)."""
-    return d + -d % 8 > 32
+    """Whether the sm90 forward takes head dim d (padded to a multiple of 8) at all."""
+    return sm90_fwd_kernel_head_dim(d + -d % 8) > 0
 
 
 def skip_unbuilt_head_dim(request, backward: bool = False) -> None:

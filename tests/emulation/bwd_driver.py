@@ -19,9 +19,8 @@ import tempfile
 
 import torch
 
-from driver import KERNEL_HEAD_DIMS, _write_storage, emulator_binary, normalize_mask, pad8
-
-BWD_HEAD_DIMS = KERNEL_HEAD_DIMS
+from driver import (_write_storage, emulator_binary, kernel_head_dim, normalize_mask, pad8,
+                    sm90_bwd_kernel_head_dim)
 
 
 LAST_STDOUT = ""
@@ -41,7 +40,7 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
     # The binary of the kernel head dim that runs the call: with sm90, that of the sm90 backward
     # (bwd_sm90_host.h bwd_kernel_head_dim: d padded up to 64 / 128 / 256; its sm80 kernels then
     # run the calls it does not cover, with the columns past d predicated off).
-    hd = next(h for h in ((64, 128, 256) if sm90 else BWD_HEAD_DIMS) if dp <= h)
+    hd = sm90_bwd_kernel_head_dim(dp) if sm90 else kernel_head_dim(dp)
     if varlen:
         b = cu_seqlens_q.numel() - 1
         sq, sk = int(max_seqlen_q), int(max_seqlen_k)

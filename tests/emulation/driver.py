@@ -26,11 +26,17 @@ def kernel_head_dim(d: int) -> int:
     return next(hd for hd in KERNEL_HEAD_DIMS if d <= hd)
 
 
-def sm90_kernel_head_dim(d: int) -> int:
-    """The sm90 forward kernel that runs head dim d (kernels/sm90/fwd_sm90_host.h
-    fwd_kernel_head_dim): d zero-padded up to 64, 128, 192 or 256; d <= 32 none (the sm80
-    kernel of head dim 32: kernel_head_dim)."""
-    return kernel_head_dim(d) if d <= 32 else next(hd for hd in (64, 128, 192, 256) if d <= hd)
+def sm90_fwd_kernel_head_dim(d: int) -> int:
+    """The sm90 forward kernel that runs head dim d, a multiple of 8 (kernels/sm90/fwd_sm90_host.h
+    fwd_kernel_head_dim): d zero-padded up to 64, 128, 192 or 256; 0 for d <= 32 (the sm80
+    kernel of head dim 32 runs those)."""
+    return 0 if d <= 32 else next(hd for hd in (64, 128, 192, 256) if d <= hd)
+
+
+def sm90_bwd_kernel_head_dim(d: int) -> int:
+    """The sm90 backward kernel that runs head dim d, a multiple of 8 (kernels/sm90/bwd_sm90_host.h
+    bwd_kernel_head_dim): d zero-padded up to 64, 128 or 256."""
+    return next(hd for hd in (64, 128, 256) if d <= hd)
 
 
 def sources() -> list[pathlib.Path]:
@@ -128,9 +134,9 @@ def run_fwd_emulated(q, k, v, *, softmax_scale=None, causal=False, window=(-1, -
     q, k, v = pad8(q), pad8(k), pad8(v)
     dp = q.shape[-1]
     # The binary of the kernel head dim that runs the call: with sm90, that of the sm90 forward
-    # (its sm80 kernels then run the calls it does not cover, with the columns past d predicated
-    # off as for any d below a kernel's head dim).
-    hd = sm90_kernel_head_dim(dp) if sm90 else kernel_head_dim(dp)
+    # where it takes d (its sm80 kernels then run the calls it does not cover, with the columns
+    # past d predicated off as for any d below a kernel's head dim), else the sm80 kernel's.
+    hd = (sm90_fwd_kernel_head_dim(dp) if sm90 else 0) or kernel_head_dim(dp)
     if varlen:
         b = cu_seqlens_q.numel() - 1
         sq, sk = int(max_seqlen_q), int(max_seqlen_k)

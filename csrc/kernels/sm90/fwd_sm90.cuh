@@ -177,9 +177,8 @@ struct FwdSm90Traits {
 // for the fixed-length calls fwd_sm90_store_o_by_tma picks: d128's short ones (a 32 KB buffer of
 // its own; bench/NOTES.md run 165: 1.06-1.18x on short tiles, 0.95-0.99x on long ones), every
 // d256 one (the last K and V buffers; run 169: 1.01-1.21x) and every d192 one (as d256; run 211:
-// 1.01-1.12x). A
-// separate instantiation, so the other calls keep the kernel without it. d64 has none:
-// 0.82-1.01x with a buffer of its own (run 165), 0.85-0.90x in the last V buffer (run 169).
+// 1.01-1.12x). A separate instantiation, so the other calls keep the kernel without it. d64 has
+// none: 0.82-1.01x with a buffer of its own (run 165), 0.85-0.90x in the last V buffer (run 169).
 template <int HeadDim>
 struct FwdSm90Config {
     static constexpr int kBlockN = HeadDim <= 128 ? 128 : HeadDim == 192 ? 112 : 80;
