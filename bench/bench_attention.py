@@ -57,8 +57,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import bench_report as report  # noqa: E402
-from bench_plan import (DECODE_ENV_IMPLS, DECODE_GRID_MAX_GB, build_plan,  # noqa: E402
-                        estimate_seconds, kv_bytes, parse_args, prefill_flops, reps_for)
+from bench_plan import (DECODE_ENV_IMPLS, DECODE_GRID_MAX_GB, PREFILL_ENV_IMPLS,  # noqa: E402
+                        build_plan, estimate_seconds, kv_bytes, parse_args, prefill_flops,
+                        reps_for)
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
                  "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
@@ -68,7 +69,7 @@ SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION",
 # backward), flash_cuda_sm90pp =pingpong (the sm90 kernels, the forward's warpgroups taking turns).
 SM90_MODES = {"flash_cuda_sm80": "0", "flash_cuda_sm90": "1", "flash_cuda_sm90fwd": "fwd",
               "flash_cuda_sm90pp": "pingpong"}
-FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", *SM90_MODES)
+FLASH_IMPLS = ("flash_cuda", "flash_cuda_det", *SM90_MODES, *PREFILL_ENV_IMPLS)
 STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
                  "illegal instruction", "device-side assert", "launch timed out",
                  "uncorrectable ECC", "CUDA error: unknown error", "context is destroyed")
@@ -238,6 +239,8 @@ class Bench:
             return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[impl])])
         if impl in SM90_MODES:
             return env_set("FLASH_CUDA_SM90", SM90_MODES[impl])
+        if impl in PREFILL_ENV_IMPLS:
+            return env_set(*PREFILL_ENV_IMPLS[impl])
         if impl in DECODE_ENV_IMPLS:
             return env_set(*DECODE_ENV_IMPLS[impl])
         return contextlib.nullcontext()

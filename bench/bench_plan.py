@@ -36,6 +36,10 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
                     "flash_cuda_hg4": ("FLASH_CUDA_DECODE_HGROUP", "4"),
                     "flash_cuda_hg8": ("FLASH_CUDA_DECODE_HGROUP", "8"),
                     "flash_cuda_hg16": ("FLASH_CUDA_DECODE_HGROUP", "16")}
+# Prefill variants of flash_cuda, the default call with one environment switch: flash_cuda_bwd256
+# runs head dims 129-192 on the sm90 d256 backward kernel, zero-padded (FLASH_CUDA_SM90_BWD192=0,
+# kernels/sm90/bwd_sm90_host.h bwd_call_head_dim; what they ran before session 46's d192 kernel).
+PREFILL_ENV_IMPLS = {"flash_cuda_bwd256": ("FLASH_CUDA_SM90_BWD192", "0")}
 # flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
 # cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
 # append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.
@@ -43,8 +47,8 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
 # timed like the steps: the fastest any decode step of that cell could be (to within the ~3% by
 # which flash_cuda's kernels outstream it on the largest cells, bench/NOTES.md run 129).
 OPTIONAL_IMPLS = ["flash_cuda_det", "flash_cuda_sm80", "flash_cuda_sm90", "flash_cuda_sm90fwd",
-                  "flash_cuda_sm90pp", *DECODE_ENV_IMPLS, "flash_cuda_append",
-                  "flash_cuda_hmajor", "flash_cuda_full", "read_floor"]
+                  "flash_cuda_sm90pp", *PREFILL_ENV_IMPLS, *DECODE_ENV_IMPLS,
+                  "flash_cuda_append", "flash_cuda_hmajor", "flash_cuda_full", "read_floor"]
 # EFFICIENT is no decode peer here
 DECODE_IMPLS = ("flash_cuda", *DECODE_ENV_IMPLS, "flash_cuda_append", "flash_cuda_hmajor",
                 "flash_cuda_full", "read_floor",
@@ -120,8 +124,9 @@ def build_plan(args) -> list[dict]:
     plan = []
     prefill_modes = [m for m in ("fwd", "fwdbwd") if m in args.modes]
 
-    def modes_impls(modes):  # det: fwd+bwd only; DECODE_ENV_IMPLS: decode only
-        return {m: [i for i in impls if not (m == "fwd" and i == "flash_cuda_det")
+    def modes_impls(modes):  # det, PREFILL_ENV_IMPLS: fwd+bwd only; DECODE_ENV_IMPLS: decode only
+        bwd_only = ("flash_cuda_det", *PREFILL_ENV_IMPLS)
+        return {m: [i for i in impls if not (m == "fwd" and i in bwd_only)
                     and i not in DECODE_ENV_IMPLS] for m in modes}
 
     if prefill_modes:

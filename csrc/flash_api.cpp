@@ -421,7 +421,7 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 }
 
 // Whether the backward main kernel is the sm90 one: the build has it (sm_90a) for this head dim
-// (sm90::bwd_kernel_head_dim: d padded up to 64 / 128 / 256), the device is sm_90,
+// (sm90::bwd_call_head_dim: d padded up to 64 / 128 / 192 / 256), the device is sm_90,
 // FLASH_CUDA_SM90 is unset, 1 or pingpong (0 / "fwd" leave the backward on sm80) and it covers
 // the call (sm90::bwd_supports); else the sm80 kernels run.
 bool sm90_bwd_covers([[maybe_unused]] const BwdParams& params,
@@ -431,7 +431,7 @@ bool sm90_bwd_covers([[maybe_unused]] const BwdParams& params,
     return (mode == Sm90Mode::kForwardBackward || mode == Sm90Mode::kPingpong) &&
            sm90::bwd_supports(params) &&
            device_is_sm90(q) &&
-           with_sm90_head_dim(sm90::bwd_kernel_head_dim(params.d), [](auto hd) {
+           with_sm90_head_dim(sm90::bwd_call_head_dim(params), [](auto hd) {
                return sm90::bwd_head_dim_supported(decltype(hd)::value);
            });
 #else
@@ -500,8 +500,8 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     set_dropout_params(params, opts.dropout_p, philox);
     params.deterministic = deterministic;
     const bool sm90 = sm90_bwd_covers(params, q);
-    // The sm90 kernel's head dim sizes the workspaces (d zero-padded up to 64 / 128 / 256).
-    if (sm90) params.d_rounded = sm90::bwd_kernel_head_dim(params.d);
+    // The sm90 kernel's head dim sizes the workspaces (d zero-padded up to 64 / 128 / 192 / 256).
+    if (sm90) params.d_rounded = sm90::bwd_call_head_dim(params);
     const int64_t hd = params.d_rounded;
     const auto f32 = q.options().dtype(at::kFloat);
     // Workspaces (bwd_launch.cuh): fixed length per (b, h) with rows rounded to 128, varlen

@@ -39,13 +39,18 @@ def sm90_forward_covers_head_dim(d: int) -> bool:
     return sm90_fwd_kernel_head_dim(d + -d % 8) > 0
 
 
-def skip_unbuilt_head_dim(request, backward: bool = False) -> None:
-    """Skips a test whose head dim (its `d` parameter, or a grid case's second field) lacks a
-    kernel it needs in this build (kernels_for_head_dim; backward: the sm90 backward's): calls
-    there run the reference or the sm80 kernels, so "the sm90 kernel ran" cannot hold."""
+def head_dim_param(request) -> int | None:
+    """A test's head dim: its `d` parameter, or a grid case's second field (None: neither)."""
     params = getattr(request.node, "callspec", None)
     params = params.params if params is not None else {}
-    d = params.get("d", params["case"][1] if "case" in params else None)
+    return params.get("d", params["case"][1] if "case" in params else None)
+
+
+def skip_unbuilt_head_dim(request, backward: bool = False) -> None:
+    """Skips a test whose head dim (head_dim_param) lacks a kernel it needs in this build
+    (kernels_for_head_dim; backward: the sm90 backward's): calls there run the reference or the
+    sm80 kernels, so "the sm90 kernel ran" cannot hold."""
+    d = head_dim_param(request)
     needed = kernels_for_head_dim(d, backward) if d is not None else set()
     if not needed <= built_head_dims():
         pytest.skip(f"head dim {d}: kernels {sorted(needed)} not all built (FLASH_CUDA_HEADDIMS)")
@@ -88,7 +93,8 @@ def bwd_kernel_dropout(name: str) -> bool | None:
 
 @contextlib.contextmanager
 def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_block=None,
-                     fwd_staged_o=None, fwd_dropout=False, bwd_dropout=False):
+                     fwd_staged_o=None, fwd_dropout=False, bwd_dropout=False,
+                     call_head_dim=None):
     """FLASH_CUDA_SM90=mode inside the block (flash_api.cpp reads it per call); afterwards a CUDA
     kernel whose name contains `kernel_name` must have been launched in it. With mode "pingpong"
     every sm90 forward kernel launched must be the pingpong variant, with "1" none may be; with
@@ -98,7 +104,9 @@ def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_blo
     is not checked then). Every sm90 backward kernel must (bwd_dropout) or must not be the
     dropout variant. Every sm90 backward kernel
     launched must be without pingpong where FLASH_CUDA_SM90_BWD_PINGPONG=0 (read at the end of the
-    block) or the head dim is 256."""
+    block) or the head dim is above 128, and (call_head_dim: the calls' head dim) be the kernel
+    of the host's rule for it (sm90_bwd_kernel_head_dim, FLASH_CUDA_SM90_BWD192 read at the end
+    of the block)."""
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setenv("FLASH_CUDA_SM90", mode)
@@ -122,6 +130,8 @@ def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_blo
         assert fwd_staged_o in (None, traits["staged_o"]), \
             f"O {'not ' if fwd_staged_o else ''}through shared memory expected, got {name!r}"
     no_bwd_pingpong = os.environ.get("FLASH_CUDA_SM90_BWD_PINGPONG") == "0"
+    bwd_head_dim = None if call_head_dim is None else sm90_bwd_kernel_head_dim(
+        call_head_dim + -call_head_dim % 8, os.environ.get("FLASH_CUDA_SM90_BWD192") != "0")
     for name in names:
         if "mha_bwd_sm90_kernel" not in name and "mha_bwd_sm90_wide_kernel" not in name:
             continue
@@ -136,3 +146,5 @@ def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_blo
         assert not (pingpong and (no_bwd_pingpong or head_dim > 128)), \
             f"FLASH_CUDA_SM90_BWD_PINGPONG={os.environ.get('FLASH_CUDA_SM90_BWD_PINGPONG')} " \
             f"launched {name!r}"
+        assert bwd_head_dim in (None, head_dim), \
+            f"the backward kernel of head dim {bwd_head_dim} expected, got {name!r}"

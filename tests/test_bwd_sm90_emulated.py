@@ -47,6 +47,13 @@ CASES = [
     ((F16, 256, 300, 200, True, (-1, -1), 4, 2), {}),
     ((BF16, 256, 150, 260, False, (50, 3), 2, 1), {"alibi": True, "transpose": True}),
     ((F16, 256, 0, 0, True, (-1, -1), 2, 1), {"varlen_lens": [(1, 70), (130, 65), (40, 1)]}),
+    # d192: the wide kernel with 96 columns per warpgroup (its own slab and half the middle
+    # one), dQ staged in a buffer of its own.
+    ((BF16, 192, 113, 203, False, (-1, -1), 2, 1), {}),
+    ((F16, 192, 300, 200, True, (-1, -1), 4, 2), {}),
+    ((BF16, 192, 150, 260, False, (50, 3), 2, 1), {"alibi": True, "transpose": True}),
+    ((F16, 192, 0, 0, True, (-1, -1), 2, 1), {"varlen_lens": [(1, 70), (130, 65), (40, 1)]}),
+    ((BF16, 192, 200, 150, False, (40, 7), 2, 2), {"deterministic": True}),
     # deterministic: dQ turns through the semaphores; the emulator also checks that
     # every CTA passed every query block on (bwd_emulated.cpp).
     ((BF16, 128, 300, 600, True, (-1, -1), 2, 1), {"deterministic": True, "splits": 3}),
@@ -59,9 +66,10 @@ CASES = [
 
 # Head dims below a kernel's on the next one up (bwd_sm90_host.h bwd_kernel_head_dim): Q, K, V,
 # dO zero-filled past d by the TMA, dQ reductions clipped at d in a d_rounded-wide accumulator,
-# dK / dV stored with d columns (MHA) or through workspaces of the kernel's width (GQA); d160 /
-# d224 on the wide d256 kernel.
+# dK / dV stored with d columns (MHA) or through workspaces of the kernel's width (GQA); d136 /
+# d160 on the d192 kernel, d224 on the d256 one.
 PADDED_CASES = [
+    ((BF16, 136, 113, 203, True, (-1, -1), 4, 2), {}),
     ((F16, 40, 113, 203, True, (-1, -1), 2, 1), {}),
     ((BF16, 96, 150, 260, False, (-1, -1), 2, 2), {}),
     ((BF16, 112, 0, 0, True, (-1, -1), 2, 1), {"varlen_lens": [(70, 20), (1, 150), (130, 65)]}),

@@ -1,9 +1,10 @@
-"""The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh and, d256, bwd_sm90_wide.cuh: TMA, mbarriers,
-wgmma) on an sm_90 GPU: the backward GPU tests of test_bwd_gpu.py that it covers (head dims 64, 128
-and 256, and the others zero-padded up to the next of those; no softcap; deterministic too; the
-dropout variant: test_dropout_gpu.py), run with FLASH_CUDA_SM90=1 (which
+"""The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh and, d192 / d256, bwd_sm90_wide.cuh: TMA,
+mbarriers, wgmma) on an sm_90 GPU: the backward GPU tests of test_bwd_gpu.py that it covers (head
+dims 64, 128, 192 and 256, and the others zero-padded up to the next of those; no softcap;
+deterministic too; the dropout variant: test_dropout_gpu.py), run with FLASH_CUDA_SM90=1 (which
 also runs the sm90 forward where it covers the call), same oracle and 3x rule. Every test also
-checks with the profiler that an sm90 backward kernel ran."""
+checks with the profiler that an sm90 backward kernel ran, of the head dim the host's rule
+(bwd_sm90_host.h bwd_kernel_head_dim) gives the test's."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ import pytest
 import torch
 
 import test_bwd_gpu as base
-from sm90_utils import SM90_GPU, skip_unbuilt_head_dim, sm90_kernel_runs
+from api_utils import built_head_dims
+from sm90_utils import SM90_GPU, head_dim_param, skip_unbuilt_head_dim, sm90_kernel_runs
 
 pytestmark = [pytest.mark.gpu, SM90_GPU]
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 192, 256)
 
 
 @pytest.fixture(autouse=True)
 def sm90_backward(monkeypatch, request):
     skip_unbuilt_head_dim(request, backward=True)
-    with sm90_kernel_runs(monkeypatch, "mha_bwd_sm90_"):
+    with sm90_kernel_runs(monkeypatch, "mha_bwd_sm90_", call_head_dim=head_dim_param(request)):
         yield
 
 
@@ -118,11 +120,11 @@ def test_deterministic_many_ctas_sm90(d, causal):
     torch.testing.assert_close(first[0], plain[0], rtol=1.6e-2, atol=1e-3)  # 1 bf16 ulp
 
 
-# Head dims below a kernel's on the next one up (bwd_sm90_host.h bwd_kernel_head_dim; d160 /
-# d224 the wide d256 kernel): the TMA zero-fills Q, K, V, dO past d, the dQ reductions clip at d
-# in the d_rounded-wide accumulator, dK / dV leave with d columns (MHA) or through workspaces of
-# the kernel's width (GQA).
-PADDED_HEAD_DIMS = (16, 40, 80, 96, 112, 160, 224)
+# Head dims below a kernel's on the next one up (bwd_sm90_host.h bwd_kernel_head_dim; d136 /
+# d160 the d192 kernel, d224 the d256 one): the TMA zero-fills Q, K, V, dO past d, the dQ
+# reductions clip at d in the d_rounded-wide accumulator, dK / dV leave with d columns (MHA) or
+# through workspaces of the kernel's width (GQA).
+PADDED_HEAD_DIMS = (16, 40, 80, 96, 112, 136, 160, 224)
 
 
 @pytest.mark.parametrize("ratio", (1, 4))
@@ -140,3 +142,14 @@ def test_varlen_bwd_padded_head_dims_sm90(d):
 @pytest.mark.parametrize("d", (80, 224))
 def test_deterministic_bitwise_padded_head_dims_sm90(d):
     base.test_deterministic_bitwise(d, "plain")
+
+
+@pytest.mark.parametrize("d", (160, 192))
+def test_bwd_d192_kernel_switch_sm90(d, monkeypatch):
+    """FLASH_CUDA_SM90_BWD192=0 (bwd_sm90_host.h bwd_call_head_dim, the benchmark's A/B switch):
+    d129-d192 on the wide d256 kernel, zero-padded, as before the d192 kernel (the fixture
+    checks that the d256 kernel ran)."""
+    if 256 not in built_head_dims():
+        pytest.skip("head dim 256 not built (FLASH_CUDA_HEADDIMS)")
+    monkeypatch.setenv("FLASH_CUDA_SM90_BWD192", "0")
+    base.run_case(torch.bfloat16, d, 113, 203, "causal", 2)

@@ -197,8 +197,10 @@ SM90_BWD_CASES = [  # dtype, d, sq, sk, h, hk, p, causal, deterministic
     (torch.bfloat16, 128, 200, 333, 2, 2, 0.17, False, True),
     (torch.float16, 256, 150, 260, 2, 1, 0.3, True, False),
     (torch.bfloat16, 256, 130, 90, 2, 2, 0.4, False, True),
-    # d192: the d192 forward's mask replayed by the wide d256 backward, zero-padded (session 45)
+    # d192: the d192 forward's mask replayed by the wide d192 backward (session 46; the d256
+    # kernel, zero-padded, in session 45), deterministic too
     (torch.bfloat16, 192, 200, 301, 2, 1, 0.3, True, False),
+    (torch.float16, 192, 130, 90, 2, 2, 0.4, False, True),
 ]
 
 

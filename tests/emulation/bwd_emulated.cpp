@@ -26,7 +26,7 @@ inline float atomicAdd(float* address, float value) {
 #include "kernels/sm80/bwd_v2.cuh"
 #include "kernels/sm80/bwd_tune_configs.h"
 #include "kernels/sm90/bwd_sm90_host.h"
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 192 || EMU_HEAD_DIM == 256
 #include "kernels/sm90/bwd_sm90_wide.cuh"
 #endif
 #include "host_io.h"
@@ -108,7 +108,7 @@ void run_tile(BwdParams& params) {
     }
 }
 
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 192 || EMU_HEAD_DIM == 256
 // The kernel of Traits (bwd_sm90_launch.cuh's choice: OrderedTraits where
 // bwd_sm90_ordered_kernel says).
 template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool IsDropout>
@@ -179,7 +179,7 @@ void run_sm90_kernel(BwdParams& params) {
 // preprocess and convert kernels as the sm80 backward. False when it did not run.
 template <typename Element, bool Causal, bool HasAlibi>
 bool run_sm90(BwdParams& params) {
-#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 256
+#if EMU_HEAD_DIM == 64 || EMU_HEAD_DIM == 128 || EMU_HEAD_DIM == 192 || EMU_HEAD_DIM == 256
     namespace s90 = flash_cuda::sm90;
     const char* want = std::getenv("EMU_SM90");
     if (want == nullptr || std::string(want) != "1" || !s90::bwd_supports(params) ||

@@ -314,6 +314,9 @@ CASES = [
                                                       sm90=True)),
     (check_varlen_bwd, (B16, 64, [17, 0, 130, 64, 1], [40, 5, 129, 64, 90], 4, 2, 0.4),
      dict(causal=True, deterministic=True, seed=33, sm90=True)),
+    # d192 (session 46): the wide kernel's 96 columns per warpgroup, dV's dropout scale on both
+    # pieces (its own slab, half the middle one)
+    (check_bwd, (F16, 192, 113, 150, 2, 2, 0.3), dict(causal=True, seed=43, sm90=True)),
     # d128 deterministic: the kernel without pingpong, which drops P^T in fp32 (dropout.cuh)
     (check_bwd, (F16, 128, 113, 150, 2, 1, 0.3), dict(deterministic=True, seed=40, sm90=True)),
     # Dropout with softcap / ALiBi on the kernels (since session 40; the reference before): the

@@ -33,10 +33,11 @@ def sm90_fwd_kernel_head_dim(d: int) -> int:
     return 0 if d <= 32 else next(hd for hd in (64, 128, 192, 256) if d <= hd)
 
 
-def sm90_bwd_kernel_head_dim(d: int) -> int:
+def sm90_bwd_kernel_head_dim(d: int, d192: bool = True) -> int:
     """The sm90 backward kernel that runs head dim d, a multiple of 8 (kernels/sm90/bwd_sm90_host.h
-    bwd_kernel_head_dim): d zero-padded up to 64, 128 or 256."""
-    return next(hd for hd in (64, 128, 256) if d <= hd)
+    bwd_kernel_head_dim): d zero-padded up to 64, 128, 192 or 256 (d192=False, the host's
+    FLASH_CUDA_SM90_BWD192=0: d129-d192 on the d256 kernel)."""
+    return next(hd for hd in (64, 128, 192, 256) if d <= hd and (d192 or hd != 192))
 
 
 def sources() -> list[pathlib.Path]:

@@ -40,13 +40,14 @@
 //   per-query-head workspaces (sm80/bwd_dkv_store.cuh).
 // Everything around it is the sm80 backward's (sm80/bwd_steps.cuh): the preprocess (D), the
 // dq_accum -> dq conversion, the GQA dk / dv sums; workspaces and params as bwd_launch.cuh says.
-// deterministic=True (d256 in bwd_sm90_wide.cuh too): the dQ additions of the CTAs take turns
-// per query block (DqTurns below); the turn passes on once the block's TMA reductions are
+// deterministic=True (d192 / d256 in bwd_sm90_wide.cuh too): the dQ additions of the CTAs take
+// turns per query block (DqTurns below); the turn passes on once the block's TMA reductions are
 // complete. Dropout (IsDropout, without ALiBi): the forward's keep bits of each warp's S^T
 // fragment (dropout.cuh), drawn under its S^T / dP^T GEMMs (the wide kernel: at the top of the
 // iteration, where it spills nothing); dV += (P o M / p_keep)^T dO, dS = P o (dP o M / p_keep -
-// D). Not here (the launcher keeps these on sm80): softcap, dropout with ALiBi, head dims other
-// than 64 / 128 / 256 (d256: bwd_sm90_wide.cuh, which shares this file's traits and pieces).
+// D). Not here (the launcher keeps these on sm80): softcap, dropout with ALiBi; head dims 192 and
+// 256 are bwd_sm90_wide.cuh's (which shares this file's traits and pieces), the others run the
+// next kernel up, zero-padded (bwd_sm90_host.h).
 // Grid (key blocks, b, h).
 #pragma once
 
@@ -82,9 +83,9 @@ struct BwdSm90Traits {
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
     static constexpr int kSlabs = HeadDim / 64;  // 64-column slabs of Q, dO, K, V
-    // Wide (d256, bwd_sm90_wide.cuh): the consumer warpgroups split the head dim of dK, dV and
-    // dQ instead of the keys (64 x 256 fp32 of dK and dV would not fit one warpgroup), P^T goes
-    // through shared memory like dS^T.
+    // Wide (d192 / d256, bwd_sm90_wide.cuh): the consumer warpgroups split the head dim of dK,
+    // dV and dQ instead of the keys (64 x 256 fp32 of dK and dV would not fit one warpgroup), P^T
+    // goes through shared memory like dS^T.
     static constexpr bool kWide = HeadDim > 128;
 
     static constexpr int kKVSlabBytes = BlockN * 128;
@@ -109,14 +110,15 @@ struct BwdSm90Traits {
     // dQ by TMA reductions: each consumer warpgroup stages its 64 queries x kDqCols columns of
     // dQ in fp32 (boxes of 32 columns x 64 rows, 128-byte swizzle) and one of its threads adds
     // them to dq_accum with cp.reduce.async.bulk.tensor, instead of red.global per thread. One
-    // buffer per warpgroup at d64 / d128 (the turns or the named barrier before each dQ GEMM
-    // also say that the previous reductions have read it); the wide kernel (d256) has no room
-    // for it and stages in the consumed Q and dO tiles (bwd_sm90_wide.cuh).
+    // buffer per warpgroup at d64 / d128 / d192 (the turns or the named barrier before each dQ
+    // GEMM also say that the previous reductions have read it); d256 has no room for it and
+    // stages in the consumed Q and dO tiles (bwd_sm90_wide.cuh).
     static constexpr int kDqBoxBytes = BlockM * 128;
-    static constexpr int kDqBuffers = kWide ? 0 : 1;  // per warpgroup
-    // Columns of dQ per consumer warpgroup (d64: 32, d128: 64; wide: its 128 in 64-column slabs)
-    // and the staging boxes of 32 columns they make.
-    static constexpr int kDqCols = kWide ? 64 : HeadDim / kConsumerWarpgroups;
+    static constexpr bool kDqInQdoTiles = HeadDim == 256;
+    static constexpr int kDqBuffers = kDqInQdoTiles ? 0 : 1;  // per warpgroup
+    // Columns of dQ per consumer warpgroup (d64: 32, d128: 64, d192: 96, d256: 128) and the
+    // staging boxes of 32 columns they make.
+    static constexpr int kDqCols = HeadDim / kConsumerWarpgroups;
     static constexpr int kDqBoxes = kDqCols / 32;
     static constexpr int kDqBufferBytes = kDqBoxes * kDqBoxBytes;
 
@@ -144,8 +146,8 @@ struct BwdSm90Traits {
         static constexpr int kNTiles = kCols / 8;
     };
 
-    static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256,
-                  "sm90 backward: head dims 64, 128 and 256");
+    static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 192 || HeadDim == 256,
+                  "sm90 backward: head dims 64, 128, 192 and 256");
     static_assert(BlockM == 64, "dS^T rows are one 128-byte swizzle row of queries");
     static_assert(kWide ? BlockN == 64 : BlockN == 64 * kConsumerWarpgroups,
                   "64 keys per consumer warpgroup; wide: 64 keys shared by both");
@@ -578,7 +580,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kStages = Traits::kStages;
     using PTile = typename Traits::PTile;
-    static_assert(!Traits::kWide, "d256: mha_bwd_sm90_wide_kernel");
+    static_assert(!Traits::kWide, "d192 / d256: mha_bwd_sm90_wide_kernel");
 
     const BwdSm90Smem<Traits> smem = BwdSm90Smem<Traits>::make();
     const int tid = threadIdx.x;

@@ -14,18 +14,33 @@
 namespace flash_cuda {
 namespace sm90 {
 
-constexpr bool bwd_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
+constexpr bool bwd_head_dim_supported(int d) {
+    return d == 64 || d == 128 || d == 192 || d == 256;
+}
 
 // The sm90 backward kernel that runs head dim d (a multiple of 8, at most 256): the smallest of 64
-// / 128 / 256 that holds it, as the forward's fwd_kernel_head_dim. The tensor maps' column extent
-// is d, so the TMA zero-fills Q, K, V and dO past it (S^T, dP^T exact; the padded columns of dQ,
-// dK and dV come out zero), the dQ reductions clip at d, and dK / dV are stored with d columns
-// (MHA) or into workspaces of the kernel's head dim (GQA; the caller sizes them from d_rounded,
-// which it sets to this). fwd+bwd against the sm80 backward those calls ran before (bench/NOTES.md
-// runs 212, 214, 215; an H100; the forward's change included): d32 1.02-1.17x, d48 1.24-1.70x,
-// d80-d112 1.13-2.06x, d160 1.06-1.49x, d192 1.18-1.64x, d224 1.52-2.35x. 0 when none holds d.
-constexpr int bwd_kernel_head_dim(int d) {
-    return d <= 0 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
+// / 128 / 192 / 256 that holds it, as the forward's fwd_kernel_head_dim. The tensor maps' column
+// extent is d, so the TMA zero-fills Q, K, V and dO past it (S^T, dP^T exact; the padded columns
+// of dQ, dK and dV come out zero), the dQ reductions clip at d, and dK / dV are stored with d
+// columns (MHA) or into workspaces of the kernel's head dim (GQA; the caller sizes them from
+// d_rounded, which it sets to this). fwd+bwd against the sm80 backward those calls ran before
+// (bench/NOTES.md runs 212, 214, 215; an H100; the forward's change included, d160 / d192 then on
+// the d256 kernel): d32 1.02-1.17x, d48 1.24-1.70x, d80-d112 1.13-2.06x, d160 1.06-1.49x, d192
+// 1.18-1.64x, d224 1.52-2.35x. d192 = false: d129-d192 on the d256 kernel too (as before the d192
+// kernel, session 46). 0 when none holds d.
+constexpr int bwd_kernel_head_dim(int d, bool d192 = true) {
+    return d <= 0     ? 0
+           : d <= 64  ? 64
+           : d <= 128 ? 128
+           : d <= 192 && d192 ? 192
+           : d <= 256 ? 256
+                      : 0;
+}
+
+// The kernel head dim of a call: bwd_kernel_head_dim, d129-d192 on the d256 kernel where
+// FLASH_CUDA_SM90_BWD192=0 (an A/B switch; read per call).
+inline int bwd_call_head_dim(const BwdParams& p) {
+    return bwd_kernel_head_dim(p.d, env_choice("FLASH_CUDA_SM90_BWD192") != EnvChoice::kOff);
 }
 
 // A head dim of at most 256 (a multiple of 8; bwd_kernel_head_dim's kernel), no softcap, dropout

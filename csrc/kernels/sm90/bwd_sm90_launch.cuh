@@ -35,7 +35,7 @@ template <typename Element, int HeadDim, bool Causal>
 void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream) {
     using Traits = typename sm90::BwdSm90Config<HeadDim>::Traits;
     if (params.b <= 0 || params.h <= 0 || params.seqlen_q <= 0) return;
-    if (sm90::bwd_kernel_head_dim(params.d) != HeadDim || params.d_rounded != HeadDim ||
+    if (sm90::bwd_call_head_dim(params) != HeadDim || params.d_rounded != HeadDim ||
         !sm90::bwd_supports(params)) {
         throw std::runtime_error("flash_cuda: the sm90 backward kernel does not cover this call");
     }

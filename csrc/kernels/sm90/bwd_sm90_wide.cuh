@@ -1,33 +1,43 @@
-// Backward main kernel on Hopper (sm_90a) for head dim 256: the consumer warpgroups split the
-// head dim instead of the keys. Producer, mbarriers, masking and the dS / P^T arithmetic are
-// bwd_sm90.cuh's; what differs is who computes what.
+// Backward main kernel on Hopper (sm_90a) for head dims 192 and 256: the consumer warpgroups
+// split the head dim instead of the keys. Producer, mbarriers, masking and the dS / P^T
+// arithmetic are bwd_sm90.cuh's; what differs is who computes what.
 //
 // At d256 the dK and dV of 64 keys are 2 x 64 x 256 fp32, 256 registers per thread of one
-// warpgroup: too many. So one CTA = kBlockN = 64 keys of one (batch, query head), and
-// consumer warpgroup c (of 2) owns columns 128 c .. 128 c + 127 of their dK and dV (128
-// registers). Per query block of 64 queries:
+// warpgroup: too many (d192: 192). So one CTA = kBlockN = 64 keys of one (batch, query head),
+// and consumer warpgroup c (of 2) owns kHalfD = d / 2 columns of their dK and dV (d256: 128
+// registers, d192: 96). Per query block of 64 queries:
 //   S^T  = K Q_c^T, dP^T = V dO_c^T        wgmma SS (n32): all 64 keys x the warpgroup's 32
-//                                          queries 32 c .. 32 c + 31, contracted over d = 256
+//                                          queries 32 c .. 32 c + 31, contracted over d
 //   P^T, dS^T                              as bwd_sm90.cuh (scores_to_probs, probs_to_dscores)
 //   P^T, dS^T -> shared memory             each warpgroup its 32 query columns of the 64 key
 //                                          rows (double-buffered), then a named barrier: both
 //                                          halves are needed by both warpgroups
-//   dV[:, 128 c..] += P^T dO[:, 128 c..]   wgmma SS (n128): A = P^T rows (K-major), B = dO
-//   dK[:, 128 c..] += dS^T Q[:, 128 c..]   MN-major from slab 2 c
-//   dQ[:, 128 c..] = dS K[:, 128 c..]      two 64-column slabs over all 64 keys, staged in fp32
-//                                          and added to dq_accum by TMA reductions: one per
-//                                          dq_accum element per CTA
+//   dV[:, c's] += P^T dO[:, c's]           wgmma SS: A = P^T rows (K-major), B = dO / Q
+//   dK[:, c's] += dS^T Q[:, c's]           MN-major
+//   dQ[:, c's] = dS K[:, c's]              over all 64 keys, staged in fp32 and added to
+//                                          dq_accum by TMA reductions: one per dq_accum element
+//                                          per CTA
+// Warpgroup c's columns ("c's"): d256, slabs 2 c and 2 c + 1 (128 c .., one n128 wgmma per k
+// step); d192, its own slab 2 c (n64) and half of the middle slab 1 (n32, columns 64 + 32 c ..,
+// 64 c bytes into the slab's 128-byte rows: an MN-major B operand's N atoms are 64 columns, so
+// an n96 could not start at column 96). The A operand is then read twice per k step (the
+// n64 and the n32), against the padded d256 kernel's n128 over 4/3 the columns.
 // The double buffer of P^T / dS^T: a warpgroup writes buffer (it + 1) % 2 while the other may
 // still read buffer it % 2; it cannot write buffer it % 2 again before the other warpgroup has
 // reached the named barrier of it + 1, which it does after its last read of it % 2 (wgmma
 // wait 0 of its dQ).
-// Staged dQ: no shared memory is left for bwd_sm90.cuh's staging buffers, so a warpgroup stages
-// its two dQ slabs (2 x 16 KB) in its own half of the stage's Q and dO tiles (slabs 2 c, 2 c + 1
-// of each): after the named barrier both warpgroups' S^T / dP^T GEMMs, the only readers of the
-// other half, have landed, and after its dV / dK GEMMs nothing reads its half. The stage goes
-// back to the producer only once the reductions have read the staging: thread 0 of each
+// Staged dQ, d256: no shared memory is left for bwd_sm90.cuh's staging buffers, so a warpgroup
+// stages its two dQ slabs (2 x 16 KB) in its own half of the stage's Q and dO tiles (slabs 2 c,
+// 2 c + 1 of each): after the named barrier both warpgroups' S^T / dP^T GEMMs, the only readers
+// of the other half, have landed, and after its dV / dK GEMMs nothing reads its half. The stage
+// goes back to the producer only once the reductions have read the staging: thread 0 of each
 // warpgroup arrives on the stage's empty barrier in the next iteration (bulk_wait_group_read
-// under that iteration's S^T / dP^T GEMMs), the other consumer threads as before.
+// under that iteration's S^T / dP^T GEMMs), the other consumer threads as before. d192 (Q / dO
+// tiles of 24 KB, 176 KB in all before staging) has room for a buffer of its own per warpgroup
+// (3 boxes of 32 columns, 24 KB; the middle slab's bytes are read by both warpgroups' dV / dK
+// GEMMs, so the Q / dO tiles would not do): the stage goes back as soon as the dV / dK GEMMs
+// have read it, and thread 0's bulk_wait_group_read before the named barrier of the next
+// iteration says the buffer may be written again.
 #pragma once
 
 #include "kernels/sm90/bwd_sm90.cuh"
@@ -51,10 +61,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kStages = Traits::kStages;
     constexpr int kCols = Traits::kCols;              // queries of S^T per warpgroup: 32
-    constexpr int kHalfD = kHeadDim / 2;              // columns of dK / dV per warpgroup: 128
-    constexpr int kSlabsPerWarpgroup = kHalfD / 64;   // 2
+    constexpr int kHalfD = kHeadDim / 2;              // columns of dK / dV per warpgroup
+    constexpr int kOwnSlabs = kHalfD / 64;            // d256: 2, d192: 1
+    constexpr int kOwnCols = 64 * kOwnSlabs;
+    constexpr bool kSharedSlab = kHalfD != kOwnCols;  // d192: 32 columns of the middle slab
+    constexpr int kSharedAcc = kSharedSlab ? 16 : 1;  // their accumulators (d256: unused)
+    constexpr bool kDqInQdoTiles = Traits::kDqInQdoTiles;
     using PTile = typename Traits::PTile;
-    static_assert(Traits::kWide && kBlockN == 64 && kCols == 32, "the d256 geometry");
+    static_assert(Traits::kWide && kBlockN == 64 && kCols == 32, "the d192 / d256 geometry");
+    static_assert(kHalfD == kOwnCols || (kHalfD == kOwnCols + 32 && kOwnSlabs == 1),
+                  "d256: two slabs per warpgroup; d192: one and half the middle one");
+    static_assert(kDqInQdoTiles == !kSharedSlab, "d256 stages dQ in Q / dO, d192 in its buffer");
 
     const BwdSm90Smem<Traits> smem = BwdSm90Smem<Traits>::make();
     const int tid = threadIdx.x;
@@ -72,8 +89,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return;
     }
 
-    // ---- Consumers: warpgroup 1 + c owns head-dim columns 128 c .. of dK, dV and dQ, and the
-    // queries 32 c .. 32 c + 31 of each block's S^T / dP^T.
+    // ---- Consumers: warpgroup 1 + c owns kHalfD head-dim columns of dK, dV and dQ (the header),
+    // and the queries 32 c .. 32 c + 31 of each block's S^T / dP^T.
     ptx90::setmaxnreg_inc<240>();
     const int c = warpgroup - 1;
     const int t = tid % 128;
@@ -86,9 +103,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // dq_accum's row of query 0 (the TMA's row coordinate, below 2^31: make_dq_accum_map).
     const int dq_row0 = static_cast<int>(seq.acc_row0);
 
-    float acc_dk[kHalfD / 2], acc_dv[kHalfD / 2];  // wgmma layout: the warp's 16 keys x 128
+    // The warpgroup's first own slab (d256: 2 c, d192: 2 c) and, d192, the column of its half of
+    // the middle slab.
+    const int own_slab0 = c * (Traits::kSlabs - kOwnSlabs);
+    const int shared_col0 = kOwnCols + 32 * c;
+    // wgmma layout: the warp's 16 keys x its own slabs' columns, and the 32 shared ones (d192).
+    float acc_dk[kOwnCols / 2], acc_dv[kOwnCols / 2];
+    float acc_dk_shared[kSharedAcc], acc_dv_shared[kSharedAcc];
 #pragma unroll
-    for (int i = 0; i < kHalfD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+    for (int i = 0; i < kOwnCols / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kSharedAcc; ++i) acc_dk_shared[i] = acc_dv_shared[i] = 0.f;
     float acc_s[kCols / 2], acc_dp[kCols / 2];  // S^T, dP^T (64 keys x 32 queries)
     uint32_t p_frag[1][kCols / 16][4], ds_frag[1][kCols / 16][4];
     auto& s_frag = *reinterpret_cast<float(*)[1][kCols / 8][4]>(&acc_s);
@@ -106,11 +131,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const uint32_t pt_rows = smem.p(it % 2);
         const uint32_t ds_rows = smem.ds(it % 2);
         // This warpgroup's 32 query rows of each Q / dO slab (4096 bytes: whole 1024-byte
-        // swizzle atoms) and its first slab of the head dim. Opaque, so that the descriptors
-        // are rebuilt in the loop rather than hoisted (see bwd_sm90.cuh).
+        // swizzle atoms), its first own slab of the head dim and (d192) its 32 columns of the
+        // middle slab. Opaque, so that the descriptors are rebuilt in the loop rather than
+        // hoisted (see bwd_sm90.cuh).
         const uint32_t query_rows = ptx::opaque(static_cast<uint32_t>(kCols * c * 128));
-        const uint32_t slab_offset = ptx::opaque(
-            static_cast<uint32_t>(kSlabsPerWarpgroup * c * Traits::kQSlabBytes));
+        const uint32_t slab_offset =
+            ptx::opaque(static_cast<uint32_t>(own_slab0 * Traits::kQSlabBytes));
+        const uint32_t shared_offset = ptx::opaque(
+            static_cast<uint32_t>(kOwnSlabs * Traits::kQSlabBytes + 64 * c));
         // Dropout: the keep bits of the warp's 16 keys x this warpgroup's 32 queries.
         [[maybe_unused]] uint32_t keep[1][1];
         if constexpr (IsDropout) {
@@ -151,9 +179,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                                              m0 + kCols * c));
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dp);
-        if (it > 0 && t == 0) {  // the previous stage's staged dQ has been read: release it
+        if (it > 0 && t == 0) {  // the previous staged dQ has been read (d256: release its stage)
             ptx90::bulk_wait_group_read<0>();
-            ptx90::mbarrier_arrive(smem.empty_q((it - 1) % kStages));
+            if constexpr (kDqInQdoTiles) ptx90::mbarrier_arrive(smem.empty_q((it - 1) % kStages));
         }
         // Dropout: dS = P o (dP o M / p_keep - D), dV += (P o M)^T dO (1 / p_keep at the end).
         if constexpr (IsDropout) drop_transposed(dp_frag, keep, params.rp_keep);
@@ -169,62 +197,80 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_proxy_async_shared();  // the st.shared above, read by the wgmma below
         ptx90::named_barrier_sync(1, Traits::kConsumerThreads);  // both warpgroups' halves
 
-        // dV += P^T dO, dK += dS^T Q on this warpgroup's 128 columns: A K-major (k16 step = 32
-        // bytes of the 128-byte rows), B MN-major (rows = queries, k16 step = 2048 bytes, the
-        // two 64-column slabs kQSlabBytes apart).
+        // dV += P^T dO, dK += dS^T Q on this warpgroup's columns: A K-major (k16 step = 32
+        // bytes of the 128-byte rows), B MN-major (rows = queries, k16 step = 2048 bytes; d256's
+        // two 64-column slabs kQSlabBytes apart, d192's own slab and its half of the middle one).
         ptx90::fence_operand(acc_dv);
         ptx90::fence_operand(acc_dk);
+        if constexpr (kSharedSlab) {
+            ptx90::fence_operand(acc_dv_shared);
+            ptx90::fence_operand(acc_dk_shared);
+        }
         ptx90::wgmma_fence();
-        auto dkv_gemm = [&](float (&acc)[kHalfD / 2], uint32_t a_rows, uint32_t b_tile) {
+        auto dkv_gemm = [&](float (&acc)[kOwnCols / 2], float (&acc_shared)[kSharedAcc],
+                            uint32_t a_rows, uint32_t b_tile) {
 #pragma unroll
             for (int kk = 0; kk < kBlockM / 16; ++kk) {
-                ptx90::wgmma_ss<kHalfD, Element, false, true>(
+                ptx90::wgmma_ss<kOwnCols, Element, false, true>(
                     acc, ptx90::make_smem_desc_sw128(a_rows + 32 * kk),
                     ptx90::make_smem_desc_sw128(b_tile + slab_offset + 2048 * kk,
                                                 Traits::kQSlabBytes),
                     true);
+                if constexpr (kSharedSlab) {
+                    ptx90::wgmma_ss<32, Element, false, true>(
+                        acc_shared, ptx90::make_smem_desc_sw128(a_rows + 32 * kk),
+                        ptx90::make_smem_desc_sw128(b_tile + shared_offset + 2048 * kk), true);
+                }
             }
         };
-        dkv_gemm(acc_dv, pt_rows, smem.d_o(stage));
-        dkv_gemm(acc_dk, ds_rows, smem.q(stage));
+        dkv_gemm(acc_dv, acc_dv_shared, pt_rows, smem.d_o(stage));
+        dkv_gemm(acc_dk, acc_dk_shared, ds_rows, smem.q(stage));
         ptx90::wgmma_commit();
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_dv);
         ptx90::fence_operand(acc_dk);
-        // Q, dO, lse, D of this stage consumed; thread 0 arrives once the staged dQ is read.
-        if (t != 0) ptx90::mbarrier_arrive(smem.empty_q(stage));
+        if constexpr (kSharedSlab) {
+            ptx90::fence_operand(acc_dv_shared);
+            ptx90::fence_operand(acc_dk_shared);
+        }
+        // Q, dO, lse, D of this stage consumed; d256: thread 0 arrives once the staged dQ is read.
+        if (!kDqInQdoTiles || t != 0) ptx90::mbarrier_arrive(smem.empty_q(stage));
 
-        // dQ = dS K on this warpgroup's two slabs (2 c + i), over all 64 keys of the block,
-        // slab i staged in slabs 2 c, 2 c + 1 of the stage's Q (i = 0) or dO (i = 1) tile: 64
-        // rows x 64 fp32 columns = 16 KB, two boxes of 32 columns (bwd_sm90.cuh stage_dq_slab).
+        // dQ = dS K on this warpgroup's columns, over all 64 keys of the block, as two pieces
+        // (issue_dq_slab each): d256 its slabs 2 c, 2 c + 1, staged in slabs 2 c, 2 c + 1 of the
+        // stage's Q (piece 0) or dO (piece 1) tile, 64 rows x 64 fp32 columns = 16 KB, two boxes
+        // of 32 columns (bwd_sm90.cuh stage_dq_slab); d192 its own slab (two boxes) and its 32
+        // columns of the middle slab (one box), staged in the warpgroup's buffer.
+        constexpr int kPiece1Cols = kSharedSlab ? 32 : 64;
         const bool ordered = turns.sem != nullptr;  // deterministic
         if (ordered) turns.acquire(m0 / kBlockM, it, blocks.min, elected, Traits::kConsumerThreads);
-        float acc_dq[kSlabsPerWarpgroup][32];
-#pragma unroll
-        for (int i = 0; i < kSlabsPerWarpgroup; ++i) {
-            const int slab = kSlabsPerWarpgroup * c + i;
-            issue_dq_slab<Element, kBlockN / 16>(
-                acc_dq[i], ds_rows,
-                smem.k() + ptx::opaque(static_cast<uint32_t>(slab * Traits::kKVSlabBytes)));
-        }
-        const uint32_t half_offset =
-            static_cast<uint32_t>(kSlabsPerWarpgroup * c * Traits::kQSlabBytes);
-        const uint32_t dq_stage[kSlabsPerWarpgroup] = {smem.q(stage) + half_offset,
-                                                        smem.d_o(stage) + half_offset};
+        float acc_dq0[32], acc_dq1[kPiece1Cols / 2];
+        // The pieces' first columns (of K, dQ) and where they start in K's slabs.
+        const int piece_col[2] = {64 * own_slab0, kSharedSlab ? shared_col0 : 64 * (own_slab0 + 1)};
+        const int k_piece[2] = {own_slab0 * Traits::kKVSlabBytes,
+                                kSharedSlab ? kOwnSlabs * Traits::kKVSlabBytes + 64 * c
+                                            : (own_slab0 + 1) * Traits::kKVSlabBytes};
+        issue_dq_slab<Element, kBlockN / 16>(
+            acc_dq0, ds_rows, smem.k() + ptx::opaque(static_cast<uint32_t>(k_piece[0])));
+        issue_dq_slab<Element, kBlockN / 16, kPiece1Cols>(
+            acc_dq1, ds_rows, smem.k() + ptx::opaque(static_cast<uint32_t>(k_piece[1])));
+        const uint32_t qdo_half = static_cast<uint32_t>(own_slab0 * Traits::kQSlabBytes);
+        const uint32_t dq_stage[2] = {
+            kDqInQdoTiles ? smem.q(stage) + qdo_half : smem.dq(c),
+            kDqInQdoTiles ? smem.d_o(stage) + qdo_half : smem.dq(c) + 2 * Traits::kDqBoxBytes};
         ptx90::wgmma_wait<1>();
-        ptx90::fence_operand(acc_dq[0]);
-        stage_dq_slab<Traits::kDqBoxBytes>(acc_dq[0], dq_stage[0], t);
+        ptx90::fence_operand(acc_dq0);
+        stage_dq_slab<Traits::kDqBoxBytes>(acc_dq0, dq_stage[0], t);
         ptx90::wgmma_wait<0>();
-        ptx90::fence_operand(acc_dq[1]);
-        stage_dq_slab<Traits::kDqBoxBytes>(acc_dq[1], dq_stage[1], t);
+        ptx90::fence_operand(acc_dq1);
+        stage_dq_slab<Traits::kDqBoxBytes, kPiece1Cols>(acc_dq1, dq_stage[1], t);
         ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
         consumer_warpgroup_sync(c);
         if (t == 0) {
-#pragma unroll
-            for (int i = 0; i < kSlabsPerWarpgroup; ++i) {
-                issue_dq_reductions<Traits::kDqBoxBytes>(
-                    &dq_map, dq_stage[i], 64 * (kSlabsPerWarpgroup * c + i), dq_row0 + m0);
-            }
+            issue_dq_reductions<Traits::kDqBoxBytes>(&dq_map, dq_stage[0], piece_col[0],
+                                                     dq_row0 + m0);
+            issue_dq_reductions<Traits::kDqBoxBytes, kPiece1Cols>(&dq_map, dq_stage[1],
+                                                                  piece_col[1], dq_row0 + m0);
             commit_dq_reductions(ordered);  // ordered: complete before the turn's release
         }
         if (ordered) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
@@ -235,17 +281,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         turns.pass_range(n_iters > 0 ? blocks.max : 0, turns.n_blocks);
     }
 
-    // ---- dK, dV: the warp's 16 keys, this warpgroup's 128 columns.
-    if constexpr (IsDropout) scale_dv_for_dropped_pairs(acc_dv, params.rp_keep);
-    const auto& dk_frag = *reinterpret_cast<const float(*)[1][kHalfD / 8][4]>(&acc_dk);
-    const auto& dv_frag = *reinterpret_cast<const float(*)[1][kHalfD / 8][4]>(&acc_dv);
+    // ---- dK, dV: the warp's 16 keys, this warpgroup's columns (its own slabs, then d192's
+    // 32 of the middle slab).
+    if constexpr (IsDropout) {
+        scale_dv_for_dropped_pairs(acc_dv, params.rp_keep);
+        if constexpr (kSharedSlab) scale_dv_for_dropped_pairs(acc_dv_shared, params.rp_keep);
+    }
+    const auto& dk_frag = *reinterpret_cast<const float(*)[1][kOwnCols / 8][4]>(&acc_dk);
+    const auto& dv_frag = *reinterpret_cast<const float(*)[1][kOwnCols / 8][4]>(&acc_dv);
     sm80::store_dk_dv<Element, kHeadDim, true, true>(params, batch, head, seq.kv_row0, n0, key_row0,
-                                                      kHalfD * c, lane, valid_keys, dk_frag,
+                                                      64 * own_slab0, lane, valid_keys, dk_frag,
                                                       dv_frag);
+    if constexpr (kSharedSlab) {
+        const auto& dk_shared = *reinterpret_cast<const float(*)[1][4][4]>(&acc_dk_shared);
+        const auto& dv_shared = *reinterpret_cast<const float(*)[1][4][4]>(&acc_dv_shared);
+        sm80::store_dk_dv<Element, kHeadDim, true, true>(params, batch, head, seq.kv_row0, n0,
+                                                          key_row0, shared_col0, lane, valid_keys,
+                                                          dk_shared, dv_shared);
+    }
 #endif  // sm_90a
 }
 
-// The main kernel for a Traits: the wide one at d256.
+// The main kernel for a Traits: the wide one at d192 / d256.
 template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool IsDropout = false>
 constexpr auto bwd_sm90_kernel() {
     if constexpr (Traits::kWide) {
