@@ -121,8 +121,8 @@ def decode_calls(head_dims=(64, 80, 128, 256)):  # 80: a head dim below its tile
 
 def prefill_calls():
     """Varlen, paged varlen and fixed-length fwd+bwd at d64 / d128 and at head dims the Hopper
-    kernels run zero-padded (d80 on the d128 kernels; d160 on the d192 forward and the d256
-    backward, d224 on the d256 ones: session 45)."""
+    kernels run zero-padded (d80 on the d128 kernels; d160 on the d192 ones, d224 on the d256
+    ones: sessions 45-46)."""
     for d in (64, 80, 128, 160, 224):
         lens_q, lens_k = [37, 1, 100], [37, 64, 130]
         cu_q = ints([0] + torch.tensor(lens_q).cumsum(0).tolist())
@@ -248,7 +248,7 @@ def dropout_calls():
     """Forward and backward with dropout, fixed length (persistent sm90 forward CTAs walking two
     tiles) and varlen, causal and not, d64 / d128 / d192 / d256: the sm90 forward's quads exchange
     their Philox words through shared memory at d64 / d128 (racecheck's case); deterministic=True
-    too (the ordered sm90 backward; d192: the wide d256 kernel, zero-padded)."""
+    too (the ordered sm90 backward; d192: the wide kernel's d192 variant, session 46)."""
     b, s, h = 2, 300, 24
     for d in (64, 128, 192, 256):
         q, k, v = (rand(b, s, h, d, grad=True) for _ in range(3))

@@ -26,7 +26,8 @@ constexpr bool bwd_head_dim_supported(int d) {
 // d_rounded, which it sets to this). fwd+bwd against the sm80 backward those calls ran before
 // (bench/NOTES.md runs 212, 214, 215; an H100; the forward's change included, d160 / d192 then on
 // the d256 kernel): d32 1.02-1.17x, d48 1.24-1.70x, d80-d112 1.13-2.06x, d160 1.06-1.49x, d192
-// 1.18-1.64x, d224 1.52-2.35x. d192 = false: d129-d192 on the d256 kernel too (as before the d192
+// 1.18-1.64x, d224 1.52-2.35x; the d192 kernel against the d256 one at d160 / d192 (run 219, an
+// H100): fwd+bwd 1.07-1.21x. d192 = false: d129-d192 on the d256 kernel too (as before the d192
 // kernel, session 46). 0 when none holds d.
 constexpr int bwd_kernel_head_dim(int d, bool d192 = true) {
     return d <= 0     ? 0
