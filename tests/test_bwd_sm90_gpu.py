@@ -86,12 +86,13 @@ def test_bwd_without_pingpong_sm90(d, mask, ratio, monkeypatch):
 
 # deterministic=True: the CTAs' dQ additions ordered by semaphores (DqTurns).
 @pytest.mark.parametrize("d,feature", [(64, "plain"), (64, "window"), (128, "causal"),
-                                       (128, "window"), (256, "plain"), (256, "alibi")])
+                                       (128, "window"), (192, "causal"), (256, "plain"),
+                                       (256, "alibi")])
 def test_deterministic_bitwise_sm90(d, feature):
     base.test_deterministic_bitwise(d, feature)
 
 
-@pytest.mark.parametrize("d", (64, 128, 256))
+@pytest.mark.parametrize("d", (64, 128, 192, 256))
 def test_varlen_deterministic_bitwise_sm90(d):
     base.test_varlen_deterministic_bitwise(d)
 
@@ -101,7 +102,7 @@ def test_global_deterministic_switch_sm90(d, varlen):
     base.test_global_deterministic_switch(d, varlen)
 
 
-@pytest.mark.parametrize("d,causal", [(64, False), (128, True), (256, False)])
+@pytest.mark.parametrize("d,causal", [(64, False), (128, True), (192, True), (256, False)])
 def test_deterministic_many_ctas_sm90(d, causal):
     """Several waves of CTAs (b 2, h 16, 4096 keys: 1024 or 2048 CTAs on 132 SMs) wait on their
     predecessors' dQ turns: no hang, bitwise identical over 5 runs, and close to the

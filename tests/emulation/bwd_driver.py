@@ -38,8 +38,8 @@ def run_bwd_emulated(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fals
     q, k, v, out, dout = pad8(q), pad8(k), pad8(v), pad8(out), pad8(dout)
     dp = q.shape[-1]
     # The binary of the kernel head dim that runs the call: with sm90, that of the sm90 backward
-    # (bwd_sm90_host.h bwd_kernel_head_dim: d padded up to 64 / 128 / 192 / 256; its sm80 kernels then
-    # run the calls it does not cover, with the columns past d predicated off).
+    # (bwd_sm90_host.h bwd_kernel_head_dim: d padded up to 64 / 128 / 192 / 256; its sm80 kernels
+    # then run the calls it does not cover, with the columns past d predicated off).
     hd = sm90_bwd_kernel_head_dim(dp) if sm90 else kernel_head_dim(dp)
     if varlen:
         b = cu_seqlens_q.numel() - 1
