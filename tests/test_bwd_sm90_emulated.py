@@ -1,8 +1,8 @@
 """The sm90 backward (csrc/kernels/sm90/bwd_sm90.cuh, bwd_sm90_wide.cuh) on the CPU emulator's
 Hopper instructions (tests/emulation/kernels/sm90), with the sm80 backward's preprocess and convert
 kernels around it, against the fp64 oracle (tests/emulation/check_bwd.py: the 3x rule of DESIGN.md
-section 9). Each case is one the kernels cover (no softcap; head dims 64 / 128 / 256, and the others
-zero-padded up to the next of those: PADDED_CASES) and asserts it ran."""
+section 9). Each case is one the kernels cover (no softcap; head dims 64 / 128 / 192 / 256, and the
+others zero-padded up to the next of those: PADDED_CASES) and asserts it ran."""
 
 from __future__ import annotations
 
