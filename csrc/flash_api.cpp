@@ -205,8 +205,8 @@ bool use_pdl(const at::Tensor& t) {
 }
 
 // fn(std::integral_constant<int, HD>{}) for the head dims this build has kernels for and an sm90
-// kernel may cover (64, 128, 192, 256: the forward all, the backward 64 / 128 / 256); fn returns
-// whether it ran one. False for any other head dim.
+// kernel may cover (64, 128, 192, 256); fn returns whether it ran one. False for any other head
+// dim.
 template <typename Fn>
 bool with_sm90_head_dim([[maybe_unused]] int head_dim, [[maybe_unused]] Fn&& fn) {
     switch (head_dim) {
@@ -420,26 +420,29 @@ void run_bwd_sm80(BwdParams& params, int head_dim, cudaStream_t stream) {
 #undef FLASH_CUDA_BWD_CASE
 }
 
-// Whether the backward main kernel is the sm90 one: the build has it (sm_90a) for this head dim
-// (sm90::bwd_call_head_dim: d padded up to 64 / 128 / 192 / 256), the device is sm_90,
-// FLASH_CUDA_SM90 is unset, 1 or pingpong (0 / "fwd" leave the backward on sm80) and it covers
-// the call (sm90::bwd_supports); else the sm80 kernels run.
-bool sm90_bwd_covers([[maybe_unused]] const BwdParams& params,
-                     [[maybe_unused]] const at::Tensor& q) {
+// The head dim of the sm90 backward main kernel that runs the call (sm90::bwd_call_head_dim: d
+// padded up to 64 / 128 / 192 / 256), or 0 for the sm80 kernels: the build has that kernel
+// (sm_90a), the device is sm_90, FLASH_CUDA_SM90 is unset, 1 or pingpong (0 / "fwd" leave the
+// backward on sm80) and it covers the call (sm90::bwd_supports).
+int sm90_bwd_head_dim([[maybe_unused]] const BwdParams& params,
+                      [[maybe_unused]] const at::Tensor& q) {
 #ifdef FLASH_CUDA_HAS_SM90
     const Sm90Mode mode = sm90_mode();
-    return (mode == Sm90Mode::kForwardBackward || mode == Sm90Mode::kPingpong) &&
-           sm90::bwd_supports(params) &&
-           device_is_sm90(q) &&
-           with_sm90_head_dim(sm90::bwd_call_head_dim(params), [](auto hd) {
-               return sm90::bwd_head_dim_supported(decltype(hd)::value);
-           });
+    if ((mode != Sm90Mode::kForwardBackward && mode != Sm90Mode::kPingpong) ||
+        !sm90::bwd_supports(params) || !device_is_sm90(q)) {
+        return 0;
+    }
+    const int head_dim = sm90::bwd_call_head_dim(params);
+    const bool built = with_sm90_head_dim(head_dim, [](auto hd) {
+        return sm90::bwd_head_dim_supported(decltype(hd)::value);
+    });
+    return built ? head_dim : 0;
 #else
-    return false;
+    return 0;
 #endif
 }
 
-// The backward main kernel (and the steps around it): sm90 where sm90_bwd_covers() said so (its
+// The backward main kernel (and the steps around it): sm90 where sm90_bwd_head_dim() said so (its
 // head dim then in params.d_rounded).
 template <typename Element>
 void run_bwd_kernel(BwdParams& params, [[maybe_unused]] bool sm90, cudaStream_t stream) {
@@ -499,9 +502,10 @@ BwdResult bwd_kernel(const at::Tensor& dout, const at::Tensor& q, const at::Tens
     set_fwd_params(params, dims, q_p, k_p, v_p, out_p, lse, opts);
     set_dropout_params(params, opts.dropout_p, philox);
     params.deterministic = deterministic;
-    const bool sm90 = sm90_bwd_covers(params, q);
     // The sm90 kernel's head dim sizes the workspaces (d zero-padded up to 64 / 128 / 192 / 256).
-    if (sm90) params.d_rounded = sm90::bwd_call_head_dim(params);
+    const int sm90_head_dim = sm90_bwd_head_dim(params, q);
+    const bool sm90 = sm90_head_dim > 0;
+    if (sm90) params.d_rounded = sm90_head_dim;
     const int64_t hd = params.d_rounded;
     const auto f32 = q.options().dtype(at::kFloat);
     // Workspaces (bwd_launch.cuh): fixed length per (b, h) with rows rounded to 128, varlen

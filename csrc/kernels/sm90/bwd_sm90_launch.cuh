@@ -35,8 +35,8 @@ template <typename Element, int HeadDim, bool Causal>
 void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream) {
     using Traits = typename sm90::BwdSm90Config<HeadDim>::Traits;
     if (params.b <= 0 || params.h <= 0 || params.seqlen_q <= 0) return;
-    if (sm90::bwd_call_head_dim(params) != HeadDim || params.d_rounded != HeadDim ||
-        !sm90::bwd_supports(params)) {
+    // Any d up to the kernel's runs on it (zero-padded); the workspaces are sized for HeadDim.
+    if (params.d > HeadDim || params.d_rounded != HeadDim || !sm90::bwd_supports(params)) {
         throw std::runtime_error("flash_cuda: the sm90 backward kernel does not cover this call");
     }
     sm90::BwdTensorMaps maps;

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pathlib
 
-# 8: the forward's row sums (P times ones); 32: d256 backward S^T; 80: d256 forward key block;
-# 112: d192 forward key block; 192: d64 forward wide key block, d192 forward P V
+# 8: the forward's row sums (P times ones); 32: d192 / d256 backward S^T, d192's half slabs;
+# 80: d256 forward key block; 112: d192 forward key block; 192: d64 forward wide key block,
+# d192 forward P V
 NS = (8, 32, 64, 80, 112, 128, 192, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
