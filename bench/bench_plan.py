@@ -38,8 +38,13 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
                     "flash_cuda_hg16": ("FLASH_CUDA_DECODE_HGROUP", "16")}
 # Prefill variants of flash_cuda, the default call with one environment switch: flash_cuda_bwd256
 # runs head dims 129-192 on the sm90 d256 backward kernel, zero-padded (FLASH_CUDA_SM90_BWD192=0,
-# kernels/sm90/bwd_sm90_host.h bwd_call_head_dim; what they ran before session 46's d192 kernel).
-PREFILL_ENV_IMPLS = {"flash_cuda_bwd256": ("FLASH_CUDA_SM90_BWD192", "0")}
+# kernels/sm90/bwd_sm90_host.h bwd_call_head_dim; what they ran before session 46's d192 kernel;
+# fwd+bwd only: BWD_ENV_IMPLS); flash_cuda_whole issues every sm90 forward key block whole
+# (FLASH_CUDA_SM90_HALF_BLOCK=0, kernels/sm90/fwd_sm90_host.h fwd_sm90_whole_blocks; what the
+# forward ran before session 47).
+PREFILL_ENV_IMPLS = {"flash_cuda_bwd256": ("FLASH_CUDA_SM90_BWD192", "0"),
+                     "flash_cuda_whole": ("FLASH_CUDA_SM90_HALF_BLOCK", "0")}
+BWD_ENV_IMPLS = ("flash_cuda_bwd256",)
 # flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
 # cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
 # append kernel plus the attention, flash_attn_with_kvcache's serving step. No peer does that.
@@ -124,8 +129,8 @@ def build_plan(args) -> list[dict]:
     plan = []
     prefill_modes = [m for m in ("fwd", "fwdbwd") if m in args.modes]
 
-    def modes_impls(modes):  # det, PREFILL_ENV_IMPLS: fwd+bwd only; DECODE_ENV_IMPLS: decode only
-        bwd_only = ("flash_cuda_det", *PREFILL_ENV_IMPLS)
+    def modes_impls(modes):  # det, BWD_ENV_IMPLS: fwd+bwd only; DECODE_ENV_IMPLS: decode only
+        bwd_only = ("flash_cuda_det", *BWD_ENV_IMPLS)
         return {m: [i for i in impls if not (m == "fwd" and i in bwd_only)
                     and i not in DECODE_ENV_IMPLS] for m in modes}
 

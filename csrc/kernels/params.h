@@ -174,6 +174,10 @@ struct FwdParams : public QKVParams {
     // sm90 forward (kernels/sm90/fwd_sm90.cuh): the pingpong variant, the two consumer
     // warpgroups taking turns at the tensor cores (FLASH_CUDA_SM90=pingpong; A/B runs).
     bool sm90_pingpong;
+    // sm90 forward: false (the default) lets a consumer warpgroup whose rows see only the first
+    // half of its tile's first key block skip P V's second half there (FwdSm90Traits::
+    // kHalfFirstPv); true issues every block whole (FLASH_CUDA_SM90_HALF_BLOCK=0; A/B runs).
+    bool sm90_whole_blocks;
     // Split-KV decode (flash_api.cpp, sm_90 devices): the combine kernel is launched with
     // programmatic dependent launch, so its CTAs are scheduled while the attention kernel's last
     // CTAs run and wait in griddepcontrol.wait (FLASH_CUDA_PDL=0: a plain launch; A/B runs).

@@ -140,6 +140,7 @@ bool run_sm90(FwdParams& params) {
         return false;
     }
     params.sm90_pingpong = mode == "pingpong";  // as flash_api.cpp
+    params.sm90_whole_blocks = s90::fwd_sm90_whole_blocks();  // as the launcher
     s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {
         run_sm90_traits<Element, Causal, decltype(traits)>(params);
     });

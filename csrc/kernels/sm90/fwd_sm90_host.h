@@ -171,6 +171,14 @@ inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
     return p.is_causal ? p.seqlen_q <= 2048 : p.seqlen_k <= 1024;
 }
 
+// Whether the forward issues every key block whole (FwdParams::sm90_whole_blocks), instead of
+// letting a warpgroup skip P V's second half of a first block whose second half its rows do not
+// see (FwdSm90Traits::kHalfFirstPv). FLASH_CUDA_SM90_HALF_BLOCK=0 in the environment (A/B runs,
+// read per call): whole blocks; unset or another value: the skip.
+inline bool fwd_sm90_whole_blocks() {
+    return env_choice("FLASH_CUDA_SM90_HALF_BLOCK") == EnvChoice::kOff;
+}
+
 // The map of the output o (fixed length: (column, row, head, batch), rows = seqlen_q, boxes of 64
 // columns x 64 rows), for the kernel's TMA stores of O (store_o_by_tma: the kernel's
 // kStoreOByTma); else zeroed, unused. Returns 0 or the CUresult.

@@ -66,6 +66,7 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
     if (sm90::fwd_kernel_head_dim(params.d) != HeadDim || !sm90::fwd_supports(params)) {
         throw std::runtime_error("flash_cuda: the sm90 forward kernel does not cover this call");
     }
+    params.sm90_whole_blocks = sm90::fwd_sm90_whole_blocks();
     sm90::with_fwd_sm90_traits<HeadDim, Causal>(params, [&](auto traits) {
         sm90::launch_fwd_sm90<Element, decltype(traits), Causal>(params, stream);
     });
