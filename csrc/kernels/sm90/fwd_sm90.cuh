@@ -622,11 +622,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk) {
                 const uint64_t desc_v_kk = ptx90::smem_desc_advance(desc_v, 2048 * kk);
-                if (Traits::kHalfFirstPv && kk >= kBlockN / 32) {
+                // Issued only where `issue` (the first half's k steps: always).
+                const bool issue = kk < kBlockN / 32 || second_half;
+                if constexpr (Traits::kHalfFirstPv) {
                     ptx90::wgmma_rs_if<Traits::kHeadDim, Element, true>(
-                        second_half, acc_o, p_frag[0][kk], desc_v_kk, true);
+                        issue, acc_o, p_frag[0][kk], desc_v_kk, true);
                     if constexpr (kRowSumsOnTensorCores) {
-                        ptx90::wgmma_rs_if<8, Element, false>(second_half, acc_l, p_frag[0][kk],
+                        ptx90::wgmma_rs_if<8, Element, false>(issue, acc_l, p_frag[0][kk],
                                                               desc_ones, true);
                     }
                 } else {
