@@ -175,6 +175,22 @@ def test_o_store_sm90(shape, ostore, d, monkeypatch):
     base.assert_close_to_oracle(out, lse, q, k, v, causal=causal)
 
 
+@pytest.mark.parametrize("chunk", ("1", "7", "0", None), ids=("1", "7", "all", "rule"))
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_level_order_chunks_sm90(chunk, d, monkeypatch):
+    """The causal persistent walk in chunks of (batch, head) pairs (FLASH_CUDA_SM90_CHUNK; None:
+    the launcher's rule, by the L2's size): 2 x 24 pairs (GQA 3) of 8 query tiles, more tiles
+    than SMs, chunks of 1, of 7 (the last one of 6 pairs), one of all; persistent at every head
+    dim (FLASH_CUDA_SM90_PERSIST=1). Against the oracle, out and lse poisoned first."""
+    if chunk is not None:
+        monkeypatch.setenv("FLASH_CUDA_SM90_CHUNK", chunk)
+    monkeypatch.setenv("FLASH_CUDA_SM90_PERSIST", "1")
+    q, k, v = base.make_qkv(2, 1000, 1000, 24, 8, d, torch.bfloat16)
+    base.poison_allocator(q.numel() * 2 + 2 * 1000 * 24 * 4)
+    out, lse = base.fwd(q, k, v, causal=True)
+    base.assert_close_to_oracle(out, lse, q, k, v, causal=True)
+
+
 @pytest.mark.parametrize("causal,sq,sk", [(True, 1024, 1024), (True, 256, 320), (True, 256, 321),
                                           (False, 300, 192), (False, 300, 193),
                                           (True, 500, 500)])

@@ -178,6 +178,9 @@ struct FwdParams : public QKVParams {
     // half of its tile's first key block skip P V's second half there (FwdSm90Traits::
     // kHalfFirstPv); true issues every block whole (FLASH_CUDA_SM90_HALF_BLOCK=0; A/B runs).
     bool sm90_whole_blocks;
+    // sm90 forward, causal persistent calls (the level order, fwd_sm90.cuh FwdTile): the (batch,
+    // head) pairs per chunk of the walk (fwd_sm90_host.h fwd_sm90_tile_chunk); 0: one chunk.
+    int sm90_tile_chunk;
     // Split-KV decode (flash_api.cpp, sm_90 devices): the combine kernel is launched with
     // programmatic dependent launch, so its CTAs are scheduled while the attention kernel's last
     // CTAs run and wait in griddepcontrol.wait (FLASH_CUDA_PDL=0: a plain launch; A/B runs).

@@ -253,11 +253,15 @@ struct Sm90Smem {
 // head t / (num_m_blocks b), the order of a grid (m blocks, b, h), so that the CTAs running
 // together share a head's K / V in L2. Causal with a CTA per tile: the m blocks last to first
 // (longest first, the order in which the hardware starts them).
-// Causal with fewer CTAs than tiles (level order): the m blocks are the slowest index, last to
-// first, then the batch, the head fastest (a GQA group's heads together), and the CTAs walk the
-// rounds of gridDim.x tiles in a snake (index): the tiles shorten as t grows, so a CTA that takes
-// one of a round's longer tiles takes one of the next round's shorter ones, and the CTAs' work
-// stays even (a plain walk gives CTA gridDim.x - 1 the shorter tile of every round).
+// Causal with fewer CTAs than tiles (level order): the (batch, head) pairs in chunks of `chunk`
+// (fwd_sm90_host.h fwd_sm90_tile_chunk: as many as the L2 holds the K / V of; the last chunk may
+// be shorter), chunk after chunk; inside a chunk the m blocks are the slowest index, last to
+// first, then the batch, the head fastest (a GQA group's heads together). The CTAs walk the
+// rounds of gridDim.x tiles in a snake (index): the tiles shorten as t grows within a chunk, so a
+// CTA that takes one of a round's longer tiles takes one of the next round's shorter ones, and
+// the CTAs' work stays even (a plain walk gives CTA gridDim.x - 1 the shorter tile of every
+// round). Without the chunks (one chunk of all the pairs) every level would read every head's
+// K / V again, from memory once they no longer fit the L2.
 struct FwdTile {
     int m_block, batch, head;
     // The CTA's tile in its round r (r = 0, 1, ...; the walk ends at the first index past the
@@ -269,15 +273,19 @@ struct FwdTile {
         return round * static_cast<int>(gridDim.x) + cta;
     }
     __device__ __forceinline__ static FwdTile make(int t, int num_m_blocks, int batches, int heads,
-                                                   bool causal, bool level_order) {
+                                                   bool causal, bool level_order, int chunk) {
         FwdTile tile;
         if (level_order) {
-            const int per_level = batches * heads;
-            const int level = t / per_level;
-            const int rest = t - level * per_level;
+            const int pairs = batches * heads;
+            chunk = chunk > 0 && chunk < pairs ? chunk : pairs;
+            const int first = t / (chunk * num_m_blocks) * chunk;  // the chunk's first pair
+            const int per_level = min(chunk, pairs - first);       // the pairs in this chunk
+            const int in_chunk = t - first * num_m_blocks;
+            const int level = in_chunk / per_level;
+            const int pair = first + (in_chunk - level * per_level);
             tile.m_block = num_m_blocks - 1 - level;
-            tile.batch = rest / heads;
-            tile.head = rest - tile.batch * heads;
+            tile.batch = pair / heads;
+            tile.head = pair - tile.batch * heads;
             return tile;
         }
         const int m_index = t % num_m_blocks;
@@ -378,7 +386,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
     auto tile_work = [&](int t) {
         TileWork w;
-        w.tile = FwdTile::make(t, num_m_blocks, params.b, params.h, Causal, level_order);
+        w.tile = FwdTile::make(t, num_m_blocks, params.b, params.h, Causal, level_order,
+                               params.sm90_tile_chunk);
         w.seq = sm80::SequenceInfo::make(params, w.tile.batch);
         w.m0 = w.tile.m_block * kBlockM;
         w.valid_q_rows = min(kBlockM, w.seq.seqlen_q - w.m0);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/env_switch.h"
 #include "kernels/params.h"
@@ -169,6 +170,25 @@ inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     if (head_dim >= 192) return true;
     return p.is_causal ? p.seqlen_q <= 2048 : p.seqlen_k <= 1024;
+}
+
+// The (batch, head) pairs per chunk of a causal persistent call's level order (fwd_sm90.cuh
+// FwdTile; FwdParams::sm90_tile_chunk): as many as the L2 (l2_bytes) holds twice the K and V of
+// (a GQA group's heads share theirs; d columns of 2 bytes), at least one. Without chunks every
+// level re-reads every head's K / V, from memory once all heads' no longer fit the L2 (causal
+// s512 at d128: 4 levels, K / V read up to 4 times). FLASH_CUDA_SM90_CHUNK in the environment
+// (tests, A/B runs; read per call): "0" one chunk of all the pairs (the walk before session 47),
+// a number N > 0 chunks of N pairs; unset, this rule.
+inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes) {
+    const int64_t pairs = static_cast<int64_t>(p.b) * p.h;
+    const char* env = std::getenv("FLASH_CUDA_SM90_CHUNK");
+    if (env != nullptr && env[0] != '\0') {
+        const long n = std::strtol(env, nullptr, 10);
+        return n > 0 ? static_cast<int>(std::min<int64_t>(n, pairs)) : 0;
+    }
+    const int64_t kv_bytes = std::max<int64_t>(
+        1, 2 * static_cast<int64_t>(p.seqlen_k) * p.d * 2 / std::max(1, p.h_h_k_ratio));
+    return static_cast<int>(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, pairs));
 }
 
 // Whether the forward issues every key block whole (FwdParams::sm90_whole_blocks), instead of
