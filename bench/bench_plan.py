@@ -39,13 +39,10 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
 # Prefill variants of flash_cuda, the default call with one environment switch: flash_cuda_bwd256
 # runs head dims 129-192 on the sm90 d256 backward kernel, zero-padded (FLASH_CUDA_SM90_BWD192=0,
 # kernels/sm90/bwd_sm90_host.h bwd_call_head_dim; what they ran before session 46's d192 kernel;
-# fwd+bwd only: BWD_ENV_IMPLS); flash_cuda_whole issues every sm90 forward key block whole
-# (FLASH_CUDA_SM90_HALF_BLOCK=0, kernels/sm90/fwd_sm90_host.h fwd_sm90_whole_blocks; what the
-# forward ran before session 47); flash_cuda_chunk0 walks a causal persistent forward's level
-# order over all (batch, head) pairs at once (FLASH_CUDA_SM90_CHUNK=0, fwd_sm90_tile_chunk; the
-# walk before session 47).
+# fwd+bwd only: BWD_ENV_IMPLS); flash_cuda_chunk0 walks a causal persistent forward's level order
+# over all (batch, head) pairs at once (FLASH_CUDA_SM90_CHUNK=0, kernels/sm90/fwd_sm90_host.h
+# fwd_sm90_tile_chunk; the walk before session 47).
 PREFILL_ENV_IMPLS = {"flash_cuda_bwd256": ("FLASH_CUDA_SM90_BWD192", "0"),
-                     "flash_cuda_whole": ("FLASH_CUDA_SM90_HALF_BLOCK", "0"),
                      "flash_cuda_chunk0": ("FLASH_CUDA_SM90_CHUNK", "0")}
 BWD_ENV_IMPLS = ("flash_cuda_bwd256",)
 # flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at

@@ -188,27 +188,6 @@ def test_level_order_chunks_emulated_sm90(d, chunk, monkeypatch):
     assert_close_to_oracle(out, lse, q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("causal, seqlen_k", [(True, 256), (True, 320), (True, 321),
-                                             (False, 192), (False, 193)])
-@pytest.mark.parametrize("d", (64, 128))
-def test_half_first_block_emulated_sm90(d, causal, seqlen_k, monkeypatch):
-    """A tile's first key block whose second half a warpgroup's rows do not see: that warpgroup
-    skips P V's second half there (FwdSm90Traits::kHalfFirstPv). 256 query rows; causal: the
-    diagonal level with the keys (256: warpgroup 0 of each tile skips), 64 keys further (320:
-    both warpgroups skip) and 65 (321: warpgroup 1's last row sees key 64 of the block, no skip
-    there); not causal, 192 keys (the last block's 64 keys: both skip) and 193 (no skip). Against
-    the oracle, and
-    bitwise equal to the call with whole blocks (FLASH_CUDA_SM90_HALF_BLOCK=0: P is 0 where the
-    skip applies)."""
-    gen = torch.Generator().manual_seed(d + seqlen_k)
-    q, k, v = make_qkv(1, 256, seqlen_k, 2, 1, d, torch.bfloat16, gen=gen, device="cpu")
-    out, lse = run_sm90(q, k, v, causal=causal)
-    assert_close_to_oracle(out, lse, q, k, v, causal=causal)
-    monkeypatch.setenv("FLASH_CUDA_SM90_HALF_BLOCK", "0")
-    out_whole, lse_whole = run_sm90(q, k, v, causal=causal)
-    assert torch.equal(out, out_whole) and torch.equal(lse, lse_whole)
-
-
 @pytest.mark.parametrize("ostore", ("0", "1"), ids=("registers", "tma"))
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("d", (128, 192, 256))

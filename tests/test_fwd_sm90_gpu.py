@@ -191,28 +191,6 @@ def test_level_order_chunks_sm90(chunk, d, monkeypatch):
     base.assert_close_to_oracle(out, lse, q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("causal,sq,sk", [(True, 1024, 1024), (True, 256, 320), (True, 256, 321),
-                                          (False, 300, 192), (False, 300, 193),
-                                          (True, 500, 500)])
-@pytest.mark.parametrize("d,ostore", [(64, "0"), (128, "0"), (128, "1")])
-def test_half_first_block_sm90(d, ostore, causal, sq, sk, monkeypatch):
-    """A tile's first key block whose second half a warpgroup's rows do not see: that warpgroup
-    skips P V's second half there (FwdSm90Traits::kHalfFirstPv; FLASH_CUDA_SM90_HALF_BLOCK=0
-    issues every block whole). Causal level with the keys (warpgroup 0 of every tile skips; 1024:
-    persistent CTAs walking several tiles), 64 keys further (both warpgroups skip) and 65
-    (warpgroup 1 does not), not causal with a last block of 64 keys (both skip) and 65 (neither),
-    causal 500 (a ragged last tile), GQA; the d128 staged O both ways. Against the oracle, and
-    bitwise equal to the whole blocks' call (P is 0 where the skip applies)."""
-    monkeypatch.setenv("FLASH_CUDA_SM90_OSTORE", ostore)
-    q, k, v = base.make_qkv(2, sq, sk, 8, 2, d, torch.bfloat16)
-    base.poison_allocator(q.numel() * 2 + 2 * sq * 8 * 4)  # out and lse start as NaN
-    out, lse = base.fwd(q, k, v, causal=causal)
-    base.assert_close_to_oracle(out, lse, q, k, v, causal=causal)
-    monkeypatch.setenv("FLASH_CUDA_SM90_HALF_BLOCK", "0")
-    out_whole, lse_whole = base.fwd(q, k, v, causal=causal)
-    assert torch.equal(out, out_whole) and torch.equal(lse, lse_whole)
-
-
 PADDED = [(40, "0"), (48, "0"), *[(d, o) for d in (80, 96, 112, 160, 224) for o in ("0", "1")]]
 
 

@@ -174,10 +174,6 @@ struct FwdParams : public QKVParams {
     // sm90 forward (kernels/sm90/fwd_sm90.cuh): the pingpong variant, the two consumer
     // warpgroups taking turns at the tensor cores (FLASH_CUDA_SM90=pingpong; A/B runs).
     bool sm90_pingpong;
-    // sm90 forward: false (the default) lets a consumer warpgroup whose rows see only the first
-    // half of its tile's first key block skip P V's second half there (FwdSm90Traits::
-    // kHalfFirstPv); true issues every block whole (FLASH_CUDA_SM90_HALF_BLOCK=0; A/B runs).
-    bool sm90_whole_blocks;
     // sm90 forward, causal persistent calls (the level order, fwd_sm90.cuh FwdTile): the (batch,
     // head) pairs per chunk of the walk (fwd_sm90_host.h fwd_sm90_tile_chunk); 0: one chunk.
     int sm90_tile_chunk;

@@ -140,8 +140,8 @@ bool run_sm90(FwdParams& params) {
         return false;
     }
     params.sm90_pingpong = mode == "pingpong";  // as flash_api.cpp
-    params.sm90_whole_blocks = s90::fwd_sm90_whole_blocks();  // as the launcher
-    params.sm90_tile_chunk = s90::fwd_sm90_tile_chunk(params, int64_t{50} << 20);  // an H100's L2
+    params.sm90_tile_chunk =  // an H100's L2 and SMs
+        s90::fwd_sm90_tile_chunk(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
     s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {
         run_sm90_traits<Element, Causal, decltype(traits)>(params);
     });

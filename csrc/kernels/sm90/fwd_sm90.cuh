@@ -152,14 +152,6 @@ struct FwdSm90Traits {
         static constexpr int kBlockN = BlockN;
         static constexpr int kNTiles = BlockN / 8;
     };
-    // A tile's first block (its last in key order: the causal diagonal, or the keys' ragged end)
-    // whose second half no row of a consumer warpgroup sees: that warpgroup issues P V's k steps
-    // of the first half only, the others under a false guard (wgmma_rs_if: a branch among the
-    // wgmma would make ptxas serialise them; P is 0 there). Causal d64 / d128 tiles level with
-    // the keys: warpgroup 0 on every tile's diagonal block, 1/8 of that block's MMA work. (S of
-    // the half as n64 under guards too, ptxas serialised the wgmma in 1-2 variants of each unit:
-    // not done.) kBlockN 128 (d64 / d128), without dropout; off with params.sm90_whole_blocks.
-    static constexpr bool kHalfFirstPv = BlockN == 128 && !Dropout;
 
     static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 192 || HeadDim == 256,
                   "sm90 forward: head dims 64, 128, 192 and 256");
@@ -577,11 +569,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Key blocks inside every tile row's visible range need no mask.
         const int unmasked_keys_end = w.mask.key_end(m0);
         const int unmasked_keys_begin = w.mask.key_begin(m0 + kBlockM - 1);
-        // Whether this warpgroup's rows see only the first half of the tile's first block (key
-        // block n_block_max - 1; Traits::kHalfFirstPv). Warp-uniform.
-        const bool half_first =
-            Traits::kHalfFirstPv && !params.sm90_whole_blocks &&
-            w.mask.key_end(m0 + 64 * c + 63) <= (n_block_max - 1) * kBlockN + kBlockN / 2;
 
 #pragma unroll
         for (int i = 0; i < Traits::kHeadDim / 2; ++i) acc_o[i] = 0.f;
@@ -619,9 +606,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         };
         // O += P V of iteration `it` (issued, committed, not waited for): V MN-major, k16 step
         // kk = 16 keys = two 1024-byte atoms of every slab; the slabs (64 columns each) are
-        // kKVSlabBytes apart (the leading byte offset). The k steps of the block's second half
-        // only where `second_half` (kHalfFirstPv; always otherwise).
-        auto issue_pv = [&](int it, bool second_half) {
+        // kKVSlabBytes apart (the leading byte offset).
+        auto issue_pv = [&](int it) {
             const uint32_t v_tile = smem.v + stage_of(it) * Traits::kKVTileBytes;
             ptx90::fence_operand(acc_o);
             if constexpr (kRowSumsOnTensorCores) ptx90::fence_operand(acc_l);
@@ -630,22 +616,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const uint64_t desc_v = ptx90::make_smem_desc_sw128(v_tile, Traits::kKVSlabBytes);
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk) {
-                const uint64_t desc_v_kk = ptx90::smem_desc_advance(desc_v, 2048 * kk);
-                // Issued only where `issue` (the first half's k steps: always).
-                const bool issue = kk < kBlockN / 32 || second_half;
-                if constexpr (Traits::kHalfFirstPv) {
-                    ptx90::wgmma_rs_if<Traits::kHeadDim, Element, true>(
-                        issue, acc_o, p_frag[0][kk], desc_v_kk, true);
-                    if constexpr (kRowSumsOnTensorCores) {
-                        ptx90::wgmma_rs_if<8, Element, false>(issue, acc_l, p_frag[0][kk],
-                                                              desc_ones, true);
-                    }
-                } else {
-                    ptx90::wgmma_rs<Traits::kHeadDim, Element, true>(acc_o, p_frag[0][kk],
-                                                                     desc_v_kk, true);
-                    if constexpr (kRowSumsOnTensorCores) {
-                        ptx90::wgmma_rs<8, Element, false>(acc_l, p_frag[0][kk], desc_ones, true);
-                    }
+                ptx90::wgmma_rs<Traits::kHeadDim, Element, true>(
+                    acc_o, p_frag[0][kk], ptx90::smem_desc_advance(desc_v, 2048 * kk), true);
+                if constexpr (kRowSumsOnTensorCores) {
+                    ptx90::wgmma_rs<8, Element, false>(acc_l, p_frag[0][kk], desc_ones, true);
                 }
             }
             ptx90::wgmma_commit();
@@ -739,7 +713,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             wait_phase(smem.full_v(stage_of(it)), phase_of(it));
             if constexpr (rescale_after_v_wait) OnlineSoftmax<1>::rescale(o_frag, o_scale);
-            issue_pv(it, it > 0 || !half_first);
+            issue_pv(it);
             if constexpr (decltype(has_next)::value) {
                 their_turn();
                 ptx90::wgmma_wait<1>();  // S of the next block (the older group) is complete

@@ -173,13 +173,17 @@ inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
 }
 
 // The (batch, head) pairs per chunk of a causal persistent call's level order (fwd_sm90.cuh
-// FwdTile; FwdParams::sm90_tile_chunk): as many as the L2 (l2_bytes) holds twice the K and V of
-// (a GQA group's heads share theirs; d columns of 2 bytes), at least one. Without chunks every
-// level re-reads every head's K / V, from memory once all heads' no longer fit the L2 (causal
-// s512 at d128: 4 levels, K / V read up to 4 times). FLASH_CUDA_SM90_CHUNK in the environment
-// (tests, A/B runs; read per call): "0" one chunk of all the pairs (the walk before session 47),
-// a number N > 0 chunks of N pairs; unset, this rule.
-inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes) {
+// FwdTile; FwdParams::sm90_tile_chunk), or 0 for one chunk of all: as many as the L2 (l2_bytes)
+// holds twice the K and V of (a GQA group's heads share theirs; d columns of 2 bytes), if that
+// is at least a sixth of the CTAs (num_ctas, fwd_sm90_ctas), else 0. Without chunks every level
+// re-reads every head's K / V, from memory once they no longer fit the L2. Measured on an H100
+// (bench/NOTES.md run 224, causal, against one chunk): d128 s512 / s1k / s2k 1.28 / 1.38 /
+// 1.40x, d64 s512-4k 1.08-1.15x (chunks of 25+ pairs); with chunks of 12 or fewer (d128 s4k,
+// d64 s8k, d192 / d256 from s4k) 0.67-0.94x: a round of the CTAs then spans more than 6 levels,
+// whose tiles' lengths differ too much for the snake to even out, and those calls gain little
+// from the L2. FLASH_CUDA_SM90_CHUNK in the environment (tests, A/B runs; read per call): "0" one
+// chunk (the walk before session 47), a number N > 0 chunks of N pairs; unset, this rule.
+inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_ctas) {
     const int64_t pairs = static_cast<int64_t>(p.b) * p.h;
     const char* env = std::getenv("FLASH_CUDA_SM90_CHUNK");
     if (env != nullptr && env[0] != '\0') {
@@ -188,15 +192,8 @@ inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes) {
     }
     const int64_t kv_bytes = std::max<int64_t>(
         1, 2 * static_cast<int64_t>(p.seqlen_k) * p.d * 2 / std::max(1, p.h_h_k_ratio));
-    return static_cast<int>(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, pairs));
-}
-
-// Whether the forward issues every key block whole (FwdParams::sm90_whole_blocks), instead of
-// letting a warpgroup skip P V's second half of a first block whose second half its rows do not
-// see (FwdSm90Traits::kHalfFirstPv). FLASH_CUDA_SM90_HALF_BLOCK=0 in the environment (A/B runs,
-// read per call): whole blocks; unset or another value: the skip.
-inline bool fwd_sm90_whole_blocks() {
-    return env_choice("FLASH_CUDA_SM90_HALF_BLOCK") == EnvChoice::kOff;
+    const int64_t chunk = std::min<int64_t>(l2_bytes / 2 / kv_bytes, pairs);
+    return 6 * chunk >= num_ctas ? static_cast<int>(chunk) : 0;
 }
 
 // The map of the output o (fixed length: (column, row, head, batch), rows = seqlen_q, boxes of 64

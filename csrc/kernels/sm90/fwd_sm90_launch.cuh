@@ -66,13 +66,15 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
     if (sm90::fwd_kernel_head_dim(params.d) != HeadDim || !sm90::fwd_supports(params)) {
         throw std::runtime_error("flash_cuda: the sm90 forward kernel does not cover this call");
     }
-    params.sm90_whole_blocks = sm90::fwd_sm90_whole_blocks();
-    int device = 0, l2_bytes = 0;
+    int device = 0, l2_bytes = 0, num_sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
-        throw std::runtime_error("flash_cuda: cannot read the GPU's L2 size (sm90 forward)");
+        cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        throw std::runtime_error("flash_cuda: cannot read the GPU's L2 size / SM count (sm90 "
+                                 "forward)");
     }
-    params.sm90_tile_chunk = sm90::fwd_sm90_tile_chunk(params, l2_bytes);
+    params.sm90_tile_chunk =
+        sm90::fwd_sm90_tile_chunk(params, l2_bytes, sm90::fwd_sm90_ctas(params, num_sms));
     sm90::with_fwd_sm90_traits<HeadDim, Causal>(params, [&](auto traits) {
         sm90::launch_fwd_sm90<Element, decltype(traits), Causal>(params, stream);
     });

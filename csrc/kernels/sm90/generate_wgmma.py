@@ -14,8 +14,6 @@ import pathlib
 # 80: d256 forward key block; 112: d192 forward key block; 192: d64 forward wide key block,
 # d192 forward P V
 NS = (8, 32, 64, 80, 112, 128, 192, 256)
-# RS under a guard (wgmma_rs_if): the forward's P V (d64 / d128) and row sums, half key blocks
-GUARDED_RS_NS = (8, 64, 128)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 HEADER = """\
@@ -30,8 +28,6 @@ HEADER = """\
 //       memory, K-major by default, MN-major where kTransA / kTransB
 //   wgmma_rs<N, Element, kTransB>(d, a, desc_b, accumulate)      A from registers (a[4]: the
 //       mma.m16n8k16 A fragment of the warp's 16 rows), B K-major or MN-major (kTransB)
-//   wgmma_rs_if<N, Element, kTransB>(issue, d, a, desc_b, accumulate)   wgmma_rs issued only
-//       where `issue` (warp-uniform; else d is kept)
 // Descriptors: ptx_sm90.cuh make_smem_desc_sw128. Scale-d is a predicate from `accumulate`,
 // scale-a / scale-b are 1.
 #pragma once
@@ -48,8 +44,6 @@ template <int N, typename Element, bool kTransA, bool kTransB>
 struct WgmmaSS;
 template <int N, typename Element, bool kTransB>
 struct WgmmaRS;
-template <int N, typename Element, bool kTransB>
-struct WgmmaRSIf;
 
 template <int N, typename Element, bool kTransA = false, bool kTransB = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
@@ -60,11 +54,6 @@ template <int N, typename Element, bool kTransB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                                          uint64_t desc_b, bool accumulate) {
     WgmmaRS<N, Element, kTransB>::run(d, a, desc_b, accumulate);
-}
-template <int N, typename Element, bool kTransB>
-__device__ __forceinline__ void wgmma_rs_if(bool issue, float (&d)[N / 2], const uint32_t (&a)[4],
-                                            uint64_t desc_b, bool accumulate) {
-    WgmmaRSIf<N, Element, kTransB>::run(issue, d, a, desc_b, accumulate);
 }
 """
 
@@ -140,31 +129,6 @@ struct WgmmaRS<{n}, {ctype}, {t}> {{
 """
 
 
-def rs_if(n: int, ctype: str, ptype: str, trans_b: bool) -> str:
-    k = n // 2
-    t = "true" if trans_b else "false"
-    return f"""
-template <>
-struct WgmmaRSIf<{n}, {ctype}, {t}> {{
-    __device__ __forceinline__ static void run(bool issue, float (&d)[{k}], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {{
-        asm volatile(
-            "{{\\n"
-            "  .reg .pred p, g;\\n"
-            "  setp.ne.b32 p, %{k + 5}, 0;\\n"
-            "  setp.ne.b32 g, %{k + 6}, 0;\\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-            {regs(k)}
-            "{{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, {1 if trans_b else 0};\\n"
-            "}}\\n"
-{outputs(k)}
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }}
-}};
-"""
-
-
 def main() -> None:
     parts = [HEADER]
     for n in NS:
@@ -173,9 +137,6 @@ def main() -> None:
                 parts.append(ss(n, ctype, ptype, trans_a, trans_b))
             parts.append(rs(n, ctype, ptype, False))
             parts.append(rs(n, ctype, ptype, True))
-            if n in GUARDED_RS_NS:
-                parts.append(rs_if(n, ctype, ptype, False))
-                parts.append(rs_if(n, ctype, ptype, True))
     parts.append("\n}  // namespace ptx90\n}  // namespace flash_cuda\n")
     out = pathlib.Path(__file__).resolve().parent / "wgmma.cuh"
     out.write_text("".join(parts))

@@ -9,8 +9,6 @@
 //       memory, K-major by default, MN-major where kTransA / kTransB
 //   wgmma_rs<N, Element, kTransB>(d, a, desc_b, accumulate)      A from registers (a[4]: the
 //       mma.m16n8k16 A fragment of the warp's 16 rows), B K-major or MN-major (kTransB)
-//   wgmma_rs_if<N, Element, kTransB>(issue, d, a, desc_b, accumulate)   wgmma_rs issued only
-//       where `issue` (warp-uniform; else d is kept)
 // Descriptors: ptx_sm90.cuh make_smem_desc_sw128. Scale-d is a predicate from `accumulate`,
 // scale-a / scale-b are 1.
 #pragma once
@@ -27,8 +25,6 @@ template <int N, typename Element, bool kTransA, bool kTransB>
 struct WgmmaSS;
 template <int N, typename Element, bool kTransB>
 struct WgmmaRS;
-template <int N, typename Element, bool kTransB>
-struct WgmmaRSIf;
 
 template <int N, typename Element, bool kTransA = false, bool kTransB = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
@@ -39,11 +35,6 @@ template <int N, typename Element, bool kTransB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                                          uint64_t desc_b, bool accumulate) {
     WgmmaRS<N, Element, kTransB>::run(d, a, desc_b, accumulate);
-}
-template <int N, typename Element, bool kTransB>
-__device__ __forceinline__ void wgmma_rs_if(bool issue, float (&d)[N / 2], const uint32_t (&a)[4],
-                                            uint64_t desc_b, bool accumulate) {
-    WgmmaRSIf<N, Element, kTransB>::run(issue, d, a, desc_b, accumulate);
 }
 
 template <>
@@ -134,44 +125,6 @@ struct WgmmaRS<8, __half, true> {
 };
 
 template <>
-struct WgmmaRSIf<8, __half, false> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[4], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %9, 0;\n"
-            "  setp.ne.b32 g, %10, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
-            "{%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }
-};
-
-template <>
-struct WgmmaRSIf<8, __half, true> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[4], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %9, 0;\n"
-            "  setp.ne.b32 g, %10, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
-            "{%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, %8, p, 1, 1, 1;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }
-};
-
-template <>
 struct WgmmaSS<8, __nv_bfloat16, false, false> {
     __device__ __forceinline__ static void run(float (&d)[4], uint64_t desc_a, uint64_t desc_b,
                                                bool accumulate) {
@@ -255,44 +208,6 @@ struct WgmmaRS<8, __nv_bfloat16, true> {
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
               "r"(static_cast<int>(accumulate)));
-    }
-};
-
-template <>
-struct WgmmaRSIf<8, __nv_bfloat16, false> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[4], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %9, 0;\n"
-            "  setp.ne.b32 g, %10, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }
-};
-
-template <>
-struct WgmmaRSIf<8, __nv_bfloat16, true> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[4], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %9, 0;\n"
-            "  setp.ne.b32 g, %10, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, %8, p, 1, 1, 1;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
     }
 };
 
@@ -608,56 +523,6 @@ struct WgmmaRS<64, __half, true> {
 };
 
 template <>
-struct WgmmaRSIf<64, __half, false> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[32], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %37, 0;\n"
-            "  setp.ne.b32 g, %38, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-              "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-              "+f"(d[30]), "+f"(d[31])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }
-};
-
-template <>
-struct WgmmaRSIf<64, __half, true> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[32], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %37, 0;\n"
-            "  setp.ne.b32 g, %38, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-              "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-              "+f"(d[30]), "+f"(d[31])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }
-};
-
-template <>
 struct WgmmaSS<64, __nv_bfloat16, false, false> {
     __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                                bool accumulate) {
@@ -771,56 +636,6 @@ struct WgmmaRS<64, __nv_bfloat16, true> {
               "+f"(d[30]), "+f"(d[31])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
               "r"(static_cast<int>(accumulate)));
-    }
-};
-
-template <>
-struct WgmmaRSIf<64, __nv_bfloat16, false> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[32], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %37, 0;\n"
-            "  setp.ne.b32 g, %38, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-              "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-              "+f"(d[30]), "+f"(d[31])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }
-};
-
-template <>
-struct WgmmaRSIf<64, __nv_bfloat16, true> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[32], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %37, 0;\n"
-            "  setp.ne.b32 g, %38, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-              "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-              "+f"(d[30]), "+f"(d[31])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
     }
 };
 
@@ -1525,70 +1340,6 @@ struct WgmmaRS<128, __half, true> {
 };
 
 template <>
-struct WgmmaRSIf<128, __half, false> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[64], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %69, 0;\n"
-            "  setp.ne.b32 g, %70, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-            "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-              "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-              "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-              "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-              "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-              "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-              "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }
-};
-
-template <>
-struct WgmmaRSIf<128, __half, true> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[64], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %69, 0;\n"
-            "  setp.ne.b32 g, %70, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-            "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-              "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-              "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-              "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-              "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-              "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-              "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }
-};
-
-template <>
 struct WgmmaSS<128, __nv_bfloat16, false, false> {
     __device__ __forceinline__ static void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
                                                bool accumulate) {
@@ -1737,70 +1488,6 @@ struct WgmmaRS<128, __nv_bfloat16, true> {
               "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
               "r"(static_cast<int>(accumulate)));
-    }
-};
-
-template <>
-struct WgmmaRSIf<128, __nv_bfloat16, false> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[64], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %69, 0;\n"
-            "  setp.ne.b32 g, %70, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-            "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-              "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-              "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-              "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-              "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-              "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-              "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
-    }
-};
-
-template <>
-struct WgmmaRSIf<128, __nv_bfloat16, true> {
-    __device__ __forceinline__ static void run(bool issue, float (&d)[64], const uint32_t (&a)[4],
-                                               uint64_t desc_b, bool accumulate) {
-        asm volatile(
-            "{\n"
-            "  .reg .pred p, g;\n"
-            "  setp.ne.b32 p, %69, 0;\n"
-            "  setp.ne.b32 g, %70, 0;\n"
-            "  @g wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-            "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-            "}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-              "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-              "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-              "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-              "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-              "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-              "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<int>(accumulate)), "r"(static_cast<int>(issue)));
     }
 };
 

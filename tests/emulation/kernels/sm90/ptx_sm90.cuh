@@ -461,20 +461,6 @@ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                      bool accumulate) {
     detail::wgmma_impl<N, Element>(d, nullptr, a, desc_b, false, kTransB, accumulate);
 }
-// Under a guard: issued only where `issue`, which the warpgroup's threads must agree on (each
-// thread's guard is checked against thread 0's of its warpgroup in wgmma_impl's exchange).
-template <int N, typename Element, bool kTransB>
-inline void wgmma_rs_if(bool issue, float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
-                        bool accumulate) {
-    const int t = static_cast<int>(threadIdx.x % 128);
-    emu::WarpgroupContext& wg = detail::warpgroup();
-    wg.words[t][0] = issue ? 1u : 0u;
-    wg.barrier.arrive_and_wait();
-    const bool first = wg.words[0][0] != 0u;
-    wg.barrier.arrive_and_wait();
-    if (first != issue) emu::fail("wgmma_rs_if: guard not uniform in the warpgroup", t);
-    if (issue) detail::wgmma_impl<N, Element>(d, nullptr, a, desc_b, false, kTransB, accumulate);
-}
 
 // ---- named barriers ----
 
