@@ -230,17 +230,22 @@ def persistent_forward_calls():
     O through shared memory and TMA stores where not pingpong: the launcher's rule at these
     lengths), d64 (tensor-core row sums, three K/V stages; non-causal also with the 192-key
     blocks, FLASH_CUDA_SM90_KEYS192=1), d256 (80-key blocks; O through the last K and V
-    buffers where not pingpong) and d192 (112-key blocks, O as d256)."""
+    buffers where not pingpong) and d192 (112-key blocks, O as d256). Causal also with the level
+    order in chunks of 7 (batch, head) pairs, the last of 5 (FLASH_CUDA_SM90_CHUNK=7; the
+    launcher's rule keeps these small calls in one chunk)."""
     b, s, h = 2, 300, 48  # 3 tiles x 2 x 48 = 288 tiles
     for d in (128, 64, 256, 192):
         q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)
-        for mode, causal, keys192 in (("1", False, "0"), ("1", True, "0"), ("pingpong", False, "0"),
-                                      ("pingpong", True, "0"), ("1", False, "1")):
+        for mode, causal, keys192, chunk in (
+                ("1", False, "0", ""), ("1", True, "0", ""), ("1", True, "0", "7"),
+                ("pingpong", False, "0", ""), ("pingpong", True, "0", ""), ("1", False, "1", "")):
             if keys192 == "1" and d != 64:
                 continue
-            with environment(FLASH_CUDA_SM90=mode, FLASH_CUDA_SM90_KEYS192=keys192):
+            with environment(FLASH_CUDA_SM90=mode, FLASH_CUDA_SM90_KEYS192=keys192,
+                             FLASH_CUDA_SM90_CHUNK=chunk):
                 run(f"persistent forward d{d} b{b} s{s} h{h} causal={causal} "
-                    f"FLASH_CUDA_SM90={mode} FLASH_CUDA_SM90_KEYS192={keys192}",
+                    f"FLASH_CUDA_SM90={mode} FLASH_CUDA_SM90_KEYS192={keys192} "
+                    f"FLASH_CUDA_SM90_CHUNK={chunk}",
                     lambda: flash_cuda.flash_attn_func(q, k, v, causal=causal))
 
 
