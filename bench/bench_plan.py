@@ -41,9 +41,12 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
 # kernels/sm90/bwd_sm90_host.h bwd_call_head_dim; what they ran before session 46's d192 kernel;
 # fwd+bwd only: BWD_ENV_IMPLS); flash_cuda_chunk0 walks a causal persistent forward's level order
 # over all (batch, head) pairs at once (FLASH_CUDA_SM90_CHUNK=0, kernels/sm90/fwd_sm90_host.h
-# fwd_sm90_tile_chunk; the walk before session 47).
+# fwd_sm90_tile_chunk; the walk before session 47); flash_cuda_persist runs every sm90 forward
+# persistent (FLASH_CUDA_SM90_PERSIST=1, fwd_sm90_persistent; e.g. d192 / d256 causal calls
+# under 4096 query rows, which the rule gives one CTA per tile).
 PREFILL_ENV_IMPLS = {"flash_cuda_bwd256": ("FLASH_CUDA_SM90_BWD192", "0"),
-                     "flash_cuda_chunk0": ("FLASH_CUDA_SM90_CHUNK", "0")}
+                     "flash_cuda_chunk0": ("FLASH_CUDA_SM90_CHUNK", "0"),
+                     "flash_cuda_persist": ("FLASH_CUDA_SM90_PERSIST", "1")}
 BWD_ENV_IMPLS = ("flash_cuda_bwd256",)
 # flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
 # cache_seqlens = cache length - query tokens, so the attention covers the same keys): the
