@@ -43,10 +43,12 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
 # over all (batch, head) pairs at once (FLASH_CUDA_SM90_CHUNK=0, kernels/sm90/fwd_sm90_host.h
 # fwd_sm90_tile_chunk; the walk before session 47); flash_cuda_persist runs every sm90 forward
 # persistent (FLASH_CUDA_SM90_PERSIST=1, fwd_sm90_persistent; e.g. d192 / d256 causal calls
-# under 4096 query rows, which the rule gives one CTA per tile).
+# under 4096 query rows, which the rule gives one CTA per tile), flash_cuda_tile never
+# (FLASH_CUDA_SM90_PERSIST=0: one CTA per tile).
 PREFILL_ENV_IMPLS = {"flash_cuda_bwd256": ("FLASH_CUDA_SM90_BWD192", "0"),
                      "flash_cuda_chunk0": ("FLASH_CUDA_SM90_CHUNK", "0"),
-                     "flash_cuda_persist": ("FLASH_CUDA_SM90_PERSIST", "1")}
+                     "flash_cuda_persist": ("FLASH_CUDA_SM90_PERSIST", "1"),
+                     "flash_cuda_tile": ("FLASH_CUDA_SM90_PERSIST", "0")}
 BWD_ENV_IMPLS = ("flash_cuda_bwd256",)
 # flash_cuda_append: decode steps that also append their query tokens' k / v to the cache (at
 # cache_seqlens = cache length - query tokens, so the attention covers the same keys): the

@@ -56,13 +56,15 @@ inline bool fwd_supports(const FwdParams& p) {
 // Whether the kernel runs persistent, one CTA per SM walking the tiles (fwd_sm90.cuh FwdTile):
 // fixed length without a window, and not causal (every tile has the same key blocks: the grid
 // order) or causal (the tiles' lengths fall with the level order, whose snake walk keeps the
-// CTAs' work even) up to 8192 query rows, at head dims 192 / 256 from 4096. Measured on the H200
-// against one CTA per tile (bench/NOTES.md run 156): causal d64 / d128 persistent 1.02-1.38x at
-// s512-8k but 0.96-0.99x at s16k (the hardware's greedy hand-out balances better there); d256
-// 1.05-1.06x at s4k-8k but 0.81x at s512-1k (the level order puts up to 132 heads' K / V in
-// flight, more than the L2 holds at 256 columns); d192 as d256 (run 211: persistent at causal
-// s512-2k 0.97-1.02x). By the kernel's head dim (fwd_kernel_head_dim). Windows and varlen keep
-// one CTA per tile.
+// CTAs' work even) up to 8192 query rows, at head dims 192 / 256 from 4096, and d192 up to 1024.
+// Measured on the H200 against one CTA per tile (bench/NOTES.md run 156): causal d64 / d128
+// persistent 1.02-1.38x at s512-8k but 0.96-0.99x at s16k (the hardware's greedy hand-out
+// balances better there); d256 1.05-1.06x at s4k-8k but 0.81x at s512-1k (the level order puts
+// up to 132 heads' K / V in flight, more than the L2 holds at 256 columns); d192 as d256 (run
+// 211: persistent at causal s512-2k 0.97-1.02x). Since the level order walks the heads in chunks
+// whose K / V the L2 holds (fwd_sm90_tile_chunk; an H100, run 227): d192 s512 / s1k 1.17 /
+// 1.13x, s2k 0.92x (no chunks there); d256 s512-2k still 0.93-0.96x. By the kernel's head dim
+// (fwd_kernel_head_dim). Windows and varlen keep one CTA per tile.
 // FLASH_CUDA_SM90_PERSIST in the environment (A/B runs, read per call): "0" one CTA per tile
 // always, another value persistent always; unset, this rule.
 inline bool fwd_sm90_persistent(const FwdParams& p) {
@@ -70,7 +72,9 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     if (p.cu_seqlens_q != nullptr || p.window_size_left >= 0) return false;
     if (!p.is_causal) return p.window_size_right < 0;
-    return p.seqlen_q <= 8192 && (fwd_kernel_head_dim(p.d) < 192 || p.seqlen_q >= 4096);
+    const int head_dim = fwd_kernel_head_dim(p.d);
+    return p.seqlen_q <= 8192 &&
+           (head_dim < 192 || p.seqlen_q >= 4096 || (head_dim == 192 && p.seqlen_q <= 1024));
 }
 
 // Whether a call of the d64 kernel takes key blocks of 192 (FwdSm90Config<64>::WideTraits)
