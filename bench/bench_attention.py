@@ -139,6 +139,23 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
+def merge_rounds(first: dict, later: dict) -> dict:
+    """One row from two rounds' rows of a timed measurement (--rounds): the calls of both, the
+    median and the figure over all of them; a later round that did not run ("ok" lost) wins, so
+    the failure shows."""
+    if first["status"] != "ok" or later["status"] != "ok":
+        return later if first["status"] == "ok" else first
+    merged = dict(first)
+    merged["times_ms"] = first["times_ms"] + later["times_ms"]
+    merged["reps"] = first["reps"] + later["reps"]
+    merged["capped"] = first["capped"] or later["capped"]
+    merged["ms"] = statistics.median(merged["times_ms"])
+    merged["rounds"] = first.get("rounds", 1) + 1
+    if "tflops" in first:  # figure = amount / ms: rescaled to the merged median
+        merged["tflops"] = first["tflops"] * first["ms"] / merged["ms"]
+    return merged
+
+
 def short(e: BaseException, warns=()) -> str:
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
     msg = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
@@ -553,33 +570,39 @@ class Bench:
             return
         for mode, impls in item["modes"].items():
             keep = {}
-            for impl in impls:
-                if (section, cid, mode, impl) in self.done:
-                    continue
-                if section == "memory":
-                    row = self.measure(section, c, cid, mode, impl,
-                                       lambda: self.prefill_fn(section, impl, mode, c, t),
-                                       kind="memory")
-                else:
-                    work = ("tflops", prefill_flops(c, mode))
-                    row = self.measure(section, c, cid, mode, impl,
-                                       lambda: self.prefill_fn(section, impl, mode, c, t),
-                                       work=work, keep=keep)
-                    if (row["status"] == "error" and c["hq"] != c["hkv"]
-                            and impl in ("cudnn", "fa2", "math")):
-                        # enable_gqa refused: measure the MHA-equivalent with repeated K/V heads.
-                        t["force_repeat"] = True
-                        retry = self.measure(section, c, cid, mode, impl,
-                                             lambda: self.prefill_fn(section, impl, mode, c, t),
-                                             work=work, keep=keep)
-                        t.pop("force_repeat")
-                        if retry["status"] == "ok":
-                            retry["note"] += f"; enable_gqa failed: {row['note'][:200]}"
-                            row = retry
-                self.add(row)
+            order = [i for i in impls if (section, cid, mode, i) not in self.done]
+            rounds = 1 if section == "memory" else max(1, self.args.rounds)
+            rows = {}
+            for r in range(rounds):  # --rounds: the order reversed every other round
+                for impl in order if r % 2 == 0 else order[::-1]:
+                    row = self.prefill_measure(section, c, cid, mode, impl, t, keep)
+                    rows[impl] = row if impl not in rows else merge_rounds(rows[impl], row)
+            for impl in order:
+                self.add(rows[impl])
             if keep:
                 self.check(section, cid, mode, keep)
             keep.clear()
+
+    def prefill_measure(self, section, c, cid, mode, impl, t, keep):
+        """One prefill measurement's row (memory or time; GQA peers retried on repeated heads)."""
+        if section == "memory":
+            return self.measure(section, c, cid, mode, impl,
+                                lambda: self.prefill_fn(section, impl, mode, c, t), kind="memory")
+        work = ("tflops", prefill_flops(c, mode))
+        row = self.measure(section, c, cid, mode, impl,
+                           lambda: self.prefill_fn(section, impl, mode, c, t),
+                           work=work, keep=keep)
+        if row["status"] == "error" and c["hq"] != c["hkv"] and impl in ("cudnn", "fa2", "math"):
+            # enable_gqa refused: measure the MHA-equivalent with repeated K/V heads.
+            t["force_repeat"] = True
+            retry = self.measure(section, c, cid, mode, impl,
+                                 lambda: self.prefill_fn(section, impl, mode, c, t),
+                                 work=work, keep=keep)
+            t.pop("force_repeat")
+            if retry["status"] == "ok":
+                retry["note"] += f"; enable_gqa failed: {row['note'][:200]}"
+                row = retry
+        return row
 
     def check(self, section, cid, mode, outs):
         """Max |difference| against cuDNN (else FA2), in the row of each other implementation."""

@@ -241,6 +241,12 @@ def parse_args(argv=None, default_out="bench/results"):
                    help="timed calls per measurement (fwd and decode; fwd+bwd: half)")
     p.add_argument("--warmup", type=int, default=0,
                    help="untimed calls before timing (default 3 fwd/decode, 2 fwd+bwd)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="prefill cells: measure the implementations this many times each, in "
+                        "alternating order (as listed, then reversed, ...), and report the "
+                        "median over all rounds' calls (on an H100 the same call measured third "
+                        "in a cell read up to 10%% slower than first on long cells: "
+                        "bench/NOTES.md run 228)")
     p.add_argument("--measure-budget", type=float, default=3.0,
                    help="seconds one measurement may take before its repeats are cut")
     p.add_argument("--max-call-s", type=float, default=2.0,

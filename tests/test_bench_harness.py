@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import pathlib
+import statistics
 import sys
 import types
 
@@ -376,3 +377,32 @@ def test_compare_runs_ratios(tmp_path, capsys):
     assert compare_runs.main([a, b, "--section", "g", "--threshold", "0.9"]) == 0
     assert "median over the runs: flash_cuda/cudnn >= 0.9 on 1 of 2; below: c2 0.800 " \
            "(0.800-0.800)" in capsys.readouterr().out
+
+
+def test_rounds_alternate_the_order_and_merge_the_calls(tmp_path, monkeypatch, capsys):
+    """--rounds 2: each prefill cell measures its implementations twice, as listed and then
+    reversed, and reports one row per implementation with both rounds' calls (the median and
+    TFLOP/s over all of them)."""
+    monkeypatch.setitem(sys.modules, "flash_cuda", fake_flash_cuda())
+    seen = []
+    measure = bench_attention.Bench.prefill_measure
+
+    def recording(self, section, c, cid, mode, impl, t, keep):
+        seen.append((cid, mode, impl))
+        return measure(self, section, c, cid, mode, impl, t, keep)
+
+    monkeypatch.setattr(bench_attention.Bench, "prefill_measure", recording)
+    argv = SMOKE + ["--out", str(tmp_path), "--modes", "fwd", "--heads-dims", "64",
+                    "--causal", "yes", "--no-gqa", "--rounds", "2", "--impls", "flash_cuda,fa2"]
+    assert bench_attention.main(argv) == 0
+    capsys.readouterr()
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert len(rows) == 2 and {r["impl"] for r in rows} == {"flash_cuda", "fa2"}
+    cid = rows[0]["case_id"]
+    assert [i for c, m, i in seen if c == cid] == ["flash_cuda", "fa2", "fa2", "flash_cuda"]
+    for r in rows:
+        assert r["status"] == "ok" and r["rounds"] == 2
+        assert r["reps"] == len(r["times_ms"]) == 4  # --repeats 2, twice
+        assert r["ms"] == pytest.approx(statistics.median(r["times_ms"]))
+        flops = plan.prefill_flops(r["case"], "fwd")
+        assert r["tflops"] == pytest.approx(flops / r["ms"] / 1e9)
