@@ -22,23 +22,18 @@ namespace sm90 {
 
 template <typename Element, typename Traits, bool Causal, bool HasAlibi, bool HasSoftcap>
 void launch_fwd_sm90_kernel(const FwdParams& params, const FwdTensorMaps& maps,
-                            const CUtensorMap& o_map, cudaStream_t stream) {
+                            const CUtensorMap& o_map, int ctas, cudaStream_t stream) {
     auto kernel = &mha_fwd_sm90_kernel<Element, Traits, Causal, HasAlibi, HasSoftcap>;
     reserve_dynamic_smem(kernel, Traits::kSmemBytes, "sm90 forward kernel");
     static_assert(Traits::kBlockM == 128, "fwd_sm90_tiles counts 128-row tiles");
-    int device = 0, num_sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-        throw std::runtime_error("flash_cuda: cannot read the GPU's SM count (sm90 forward)");
-    }
-    const dim3 grid(fwd_sm90_ctas(params, num_sms));
-    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, maps.q, maps.k,
-                                                                     maps.v, o_map);
+    kernel<<<dim3(ctas), Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, maps.q, maps.k,
+                                                                          maps.v, o_map);
     FLASH_CUDA_CHECK_LAUNCH();
 }
 
+// ctas: the grid (fwd_sm90_ctas).
 template <typename Element, typename Traits, bool Causal>
-void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
+void launch_fwd_sm90(const FwdParams& params, int ctas, cudaStream_t stream) {
     FwdTensorMaps maps;
     CUtensorMap o_map;
     int r = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps);
@@ -48,12 +43,14 @@ void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
                                  "(CUresult " + std::to_string(r) + ")");
     }
     if constexpr (Traits::kDropout) {  // without softcap / ALiBi (fwd_supports)
-        launch_fwd_sm90_kernel<Element, Traits, Causal, false, false>(params, maps, o_map, stream);
+        launch_fwd_sm90_kernel<Element, Traits, Causal, false, false>(params, maps, o_map, ctas,
+                                                                      stream);
     } else {
         const ScoreBias bias = fwd_score_bias(params);  // the sm80 launcher's variant choice
         with_bias_flags(bias.softcap, bias.alibi, [&](auto alibi, auto softcap) {
             launch_fwd_sm90_kernel<Element, Traits, Causal, decltype(alibi)::value,
-                                   decltype(softcap)::value>(params, maps, o_map, stream);
+                                   decltype(softcap)::value>(params, maps, o_map, ctas,
+                                                             stream);
         });
     }
 }
@@ -73,10 +70,10 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
         throw std::runtime_error("flash_cuda: cannot read the GPU's L2 size / SM count (sm90 "
                                  "forward)");
     }
-    params.sm90_tile_chunk =
-        sm90::fwd_sm90_tile_chunk(params, l2_bytes, sm90::fwd_sm90_ctas(params, num_sms));
+    const int ctas = sm90::fwd_sm90_ctas(params, num_sms);
+    params.sm90_tile_chunk = sm90::fwd_sm90_tile_chunk(params, l2_bytes, ctas);
     sm90::with_fwd_sm90_traits<HeadDim, Causal>(params, [&](auto traits) {
-        sm90::launch_fwd_sm90<Element, decltype(traits), Causal>(params, stream);
+        sm90::launch_fwd_sm90<Element, decltype(traits), Causal>(params, ctas, stream);
     });
 }
 
