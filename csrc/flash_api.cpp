@@ -235,6 +235,12 @@ void run_fwd_kernel(FwdParams& params, [[maybe_unused]] const at::Tensor& q, cud
     const Sm90Mode mode = sm90_mode();
     if (mode != Sm90Mode::kOff && sm90::fwd_supports(params) && device_is_sm90(q)) {
         params.sm90_pingpong = mode == Sm90Mode::kPingpong;
+        at::Tensor tile_counter;  // dynamic tiles: an int the kernel's CTAs count up from zero
+        if (sm90::fwd_sm90_dynamic_tiles(params)) {
+            tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+            C10_CUDA_CHECK(cudaMemsetAsync(tile_counter.data_ptr(), 0, sizeof(int), stream));
+            params.sm90_tile_counter = tile_counter.data_ptr<int>();
+        }
         const bool ran = with_sm90_head_dim(sm90::fwd_kernel_head_dim(params.d), [&](auto hd) {
             constexpr int kHeadDim = decltype(hd)::value;
             params.is_causal ? run_mha_fwd_sm90<Element, kHeadDim, true>(params, stream)

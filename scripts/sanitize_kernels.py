@@ -225,27 +225,30 @@ def persistent_forward_calls():
     """Fixed-length forwards, non-causal and causal, with more 128-row query tiles than an H200 has
     SMs (132), so that the sm90 forward's persistent CTAs each walk two or three tiles (the Q
     buffer and the K/V stages handed on from tile to tile; the last tile of each sequence ends
-    mid-tile; causal: the level order's snake), with and without the pingpong turns
+    mid-tile; causal: tiles taken from a counter), with and without the pingpong turns
     (FLASH_CUDA_SM90=pingpong). d128 (row sums by FADDs non-causal, on the tensor cores causal;
     O through shared memory and TMA stores where not pingpong: the launcher's rule at these
     lengths), d64 (tensor-core row sums, three K/V stages; non-causal also with the 192-key
     blocks, FLASH_CUDA_SM90_KEYS192=1), d256 (80-key blocks; O through the last K and V
     buffers where not pingpong) and d192 (112-key blocks, O as d256). Causal also with the level
     order in chunks of 7 (batch, head) pairs, the last of 5 (FLASH_CUDA_SM90_CHUNK=7; the
-    launcher's rule keeps these small calls in one chunk)."""
+    launcher's rule keeps these small calls in one chunk), the fixed walk
+    (FLASH_CUDA_SM90_DYNAMIC=0: causal calls take their tiles from a counter by default);
+    non-causal also with dynamic tiles (FLASH_CUDA_SM90_DYNAMIC=1)."""
     b, s, h = 2, 300, 48  # 3 tiles x 2 x 48 = 288 tiles
     for d in (128, 64, 256, 192):
         q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)
-        for mode, causal, keys192, chunk in (
-                ("1", False, "0", ""), ("1", True, "0", ""), ("1", True, "0", "7"),
-                ("pingpong", False, "0", ""), ("pingpong", True, "0", ""), ("1", False, "1", "")):
+        for mode, causal, keys192, chunk, dynamic in (
+                ("1", False, "0", "", ""), ("1", True, "0", "", ""), ("1", True, "0", "7", "0"),
+                ("pingpong", False, "0", "", ""), ("pingpong", True, "0", "", ""),
+                ("1", False, "1", "", ""), ("1", False, "0", "", "1")):
             if keys192 == "1" and d != 64:
                 continue
             with environment(FLASH_CUDA_SM90=mode, FLASH_CUDA_SM90_KEYS192=keys192,
-                             FLASH_CUDA_SM90_CHUNK=chunk):
+                             FLASH_CUDA_SM90_CHUNK=chunk, FLASH_CUDA_SM90_DYNAMIC=dynamic):
                 run(f"persistent forward d{d} b{b} s{s} h{h} causal={causal} "
                     f"FLASH_CUDA_SM90={mode} FLASH_CUDA_SM90_KEYS192={keys192} "
-                    f"FLASH_CUDA_SM90_CHUNK={chunk}",
+                    f"FLASH_CUDA_SM90_CHUNK={chunk} FLASH_CUDA_SM90_DYNAMIC={dynamic}",
                     lambda: flash_cuda.flash_attn_func(q, k, v, causal=causal))
 
 

@@ -98,9 +98,10 @@ def tile_options(feature: str, h: int) -> dict:
     return {}
 
 
+@pytest.mark.parametrize("walk", ("fixed", "dynamic"))
 @pytest.mark.parametrize("feature", ("plain", "softcap", "alibi", "causal", "causal_odd", "window"))
 @pytest.mark.parametrize("d", HEAD_DIMS)
-def test_persistent_tiles_sm90(feature, d, monkeypatch):
+def test_persistent_tiles_sm90(feature, d, walk, monkeypatch):
     """More query tiles than the GPU has SMs: the persistent CTAs each walk several tiles (Q, the
     K / V stages and their barrier phases handed on from tile to tile; the last tile of every
     sequence ends mid-tile), GQA, against the oracle. Causal: the level order in a snake, "causal"
@@ -108,7 +109,9 @@ def test_persistent_tiles_sm90(feature, d, monkeypatch):
     fewer keys than queries (the first tile of every sequence sees no key: out 0, lse +inf).
     Causal and window calls run persistent here by FLASH_CUDA_SM90_PERSIST=1 (the launcher's rule
     keeps some causal calls, d192 / d256 at these lengths, and every window call on one CTA per
-    tile)."""
+    tile). "fixed": each CTA walks blockIdx.x + r gridDim.x (causal: the level order);
+    "dynamic": the CTAs take their tiles from a counter (fwd_sm90.cuh TileRing; the launcher's
+    rule for causal persistent calls), forced either way by FLASH_CUDA_SM90_DYNAMIC."""
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     b, sq, sk, hk = 2, 300, 333, 2  # 3 tiles per (batch, head), the last one ragged
     rounds = 1 if feature == "causal_odd" else 2  # full rounds of n_sms tiles, then a partial one
@@ -122,6 +125,8 @@ def test_persistent_tiles_sm90(feature, d, monkeypatch):
         opts["causal"] = True
     if feature.startswith("causal") or feature == "window":
         monkeypatch.setenv("FLASH_CUDA_SM90_PERSIST", "1")
+    monkeypatch.setenv("FLASH_CUDA_SM90_DYNAMIC", "1" if walk == "dynamic" else "0")
+    base.poison_allocator(q.numel() * 2 + b * sq * h * 4)  # out and lse start as NaN
     out, lse = base.fwd(q, k, v, **opts)
     base.assert_close_to_oracle(out, lse, q, k, v, **opts)
 
@@ -181,10 +186,13 @@ def test_level_order_chunks_sm90(chunk, d, monkeypatch):
     """The causal persistent walk in chunks of (batch, head) pairs (FLASH_CUDA_SM90_CHUNK; None:
     the launcher's rule, by the L2's size): 2 x 24 pairs (GQA 3) of 8 query tiles, more tiles
     than SMs, chunks of 1, of 7 (the last one of 6 pairs), one of all; persistent at every head
-    dim (FLASH_CUDA_SM90_PERSIST=1). Against the oracle, out and lse poisoned first."""
+    dim (FLASH_CUDA_SM90_PERSIST=1), the fixed walk (FLASH_CUDA_SM90_DYNAMIC=0; causal persistent
+    calls take their tiles dynamically by default). Against the oracle, out and lse poisoned
+    first."""
     if chunk is not None:
         monkeypatch.setenv("FLASH_CUDA_SM90_CHUNK", chunk)
     monkeypatch.setenv("FLASH_CUDA_SM90_PERSIST", "1")
+    monkeypatch.setenv("FLASH_CUDA_SM90_DYNAMIC", "0")
     q, k, v = base.make_qkv(2, 1000, 1000, 24, 8, d, torch.bfloat16)
     base.poison_allocator(q.numel() * 2 + 2 * 1000 * 24 * 4)
     out, lse = base.fwd(q, k, v, causal=True)

@@ -168,6 +168,9 @@ struct FwdParams : public QKVParams {
     FastDivisor gqa_pack_div;         // 1 when gqa_pack is off
     FastDivisor h_h_k_ratio_div;
     FastDivisor head_group_rows_div;  // 1 when head groups are off
+    // The sm90 forward's (sm90/fwd_sm90_host.h prepare_fwd_sm90_divisors, with num_m_blocks_div
+    // of 128-row blocks and h_h_k_ratio_div): the heads, for its tile index math.
+    FastDivisor sm90_heads_div;
 
     // Tuning builds only (sm80/tune_configs.h): which tile configuration to launch; 0 = default.
     int tile_variant;
@@ -177,6 +180,10 @@ struct FwdParams : public QKVParams {
     // sm90 forward, causal persistent calls (the level order, fwd_sm90.cuh FwdTile): the (batch,
     // head) pairs per chunk of the walk (fwd_sm90_host.h fwd_sm90_tile_chunk); 0: one chunk.
     int sm90_tile_chunk;
+    // sm90 forward, persistent calls with dynamic tiles (fwd_sm90_host.h fwd_sm90_dynamic_tiles):
+    // one int, zeroed before the launch, from which each CTA takes its next tile (atomicAdd);
+    // nullptr: each CTA walks its tiles in a fixed order.
+    int* sm90_tile_counter;
     // Split-KV decode (flash_api.cpp, sm_90 devices): the combine kernel is launched with
     // programmatic dependent launch, so its CTAs are scheduled while the attention kernel's last
     // CTAs run and wait in griddepcontrol.wait (FLASH_CUDA_PDL=0: a plain launch; A/B runs).

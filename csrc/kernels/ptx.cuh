@@ -190,6 +190,12 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
+// atomicAdd on an int in global memory, returning the old value (relaxed, device scope): the
+// sm90 forward's tile counter (sm90/fwd_sm90.cuh TileRing).
+__device__ __forceinline__ int atomic_add_global(int* addr, int value) {
+    return atomicAdd(addr, value);
+}
+
 // Programmatic dependent launch (sm_90+; PTX ISA 7.8), the two halves of one kernel-to-kernel
 // edge. launch_dependents (griddepcontrol.launch_dependents): the next kernel in the stream, if
 // launched with the programmatic-serialization attribute, may start once every CTA of this grid

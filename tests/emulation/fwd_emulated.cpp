@@ -97,9 +97,10 @@ void run_sm90_traits(FwdParams& params) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
         std::exit(2);
     }
-    std::printf("emulator: sm90 forward%s, key blocks of %d, O stored %s\n",
+    std::printf("emulator: sm90 forward%s, key blocks of %d, O stored %s, %s tiles\n",
                 Traits::kPingpong ? " (pingpong)" : "", Traits::kBlockN,
-                Traits::kStoreOByTma ? "by TMA" : "from registers");
+                Traits::kStoreOByTma ? "by TMA" : "from registers",
+                params.sm90_tile_counter != nullptr ? "dynamic" : "fixed");
     // A persistent grid of 3 CTAs (EMU_NUM_SMS) for every call, whatever the launcher's rule
     // (fwd_sm90_persistent: one CTA per tile for windows and varlen): the CTAs walk several
     // tiles, so the barrier rounds across tiles (causal: the level order's snake), windows and
@@ -140,8 +141,19 @@ bool run_sm90(FwdParams& params) {
         return false;
     }
     params.sm90_pingpong = mode == "pingpong";  // as flash_api.cpp
+    s90::prepare_fwd_sm90_divisors(params);      // as the launcher
     params.sm90_tile_chunk =  // an H100's L2 and SMs
         s90::fwd_sm90_tile_chunk(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
+    // Dynamic tiles as the launcher's rule (fwd_sm90_dynamic_tiles), the persistence being forced
+    // here: every causal call unless FLASH_CUDA_SM90_DYNAMIC=0, every call if it is another
+    // value. The blocks run one after another, so block 0 takes every tile but the other
+    // blocks' first ones, through many rounds of the ring.
+    const flash_cuda::EnvChoice dynamic = flash_cuda::env_choice("FLASH_CUDA_SM90_DYNAMIC");
+    int tile_counter = 0;
+    if (dynamic == flash_cuda::EnvChoice::kAll ||
+        (dynamic == flash_cuda::EnvChoice::kRule && params.is_causal)) {
+        params.sm90_tile_counter = &tile_counter;
+    }
     s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {
         run_sm90_traits<Element, Causal, decltype(traits)>(params);
     });

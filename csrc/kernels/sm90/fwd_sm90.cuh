@@ -53,7 +53,9 @@
 // 256. Kernels exist for head dims 64 / 128 / 192 / 256 (whole 64-column slabs); smaller head
 // dims run the next one up, zero-padded (above).
 // Persistent: each CTA walks the tiles blockIdx.x, + gridDim.x, ... in the order of a grid
-// (m blocks, b, h), or causal in the level order, longest first, in a snake (FwdTile); a CTA's
+// (m blocks, h, b), or causal in the level order, longest first, in a snake (FwdTile); or, with
+// dynamic tiles (causal calls by default), takes its next tile in the grid's order from a
+// counter in global memory whenever its producer is done loading one (TileRing). A CTA's
 // barriers run on from one tile to the next, so its producer loads the next tile's Q and first
 // K / V under the last block and the epilogue of the current one. The launcher (fwd_sm90_host.h
 // fwd_sm90_persistent) starts one CTA per SM for fixed-length calls without a window (causal ones
@@ -109,9 +111,10 @@ struct FwdSm90Traits {
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
     // The ones of the row sums' B operand (l += P 1): one K-major swizzle atom (8 rows x 64
     // elements); then the mbarriers: full Q, then per stage full K, full V, empty K, empty V;
-    // last empty Q.
+    // then empty Q; last the tile ring (TileRing: full and empty of its 2 slots, then the slots'
+    // tile indices, 8 bytes).
     static constexpr int kOnesBytes = 1024;
-    static constexpr int kNumBarriers = 2 + 4 * kStages;
+    static constexpr int kNumBarriers = 2 + 4 * kStages + 5;
     static constexpr int kMaxSmemBytes = 227 * 1024;  // a Hopper CTA's
     // The CTA's shared memory but an O buffer after K and V: Q, K, V, the ones, the mbarriers,
     // and 1024 bytes to align the tiles (the dynamic shared memory is only 128-byte aligned).
@@ -238,14 +241,24 @@ struct Sm90Smem {
     __device__ __forceinline__ uint32_t empty_q() const {
         return bar + 8 * (1 + 4 * Traits::kStages);
     }
+    __device__ __forceinline__ uint32_t full_tile(int slot) const {
+        return bar + 8 * (2 + 4 * Traits::kStages + slot);
+    }
+    __device__ __forceinline__ uint32_t empty_tile(int slot) const {
+        return bar + 8 * (4 + 4 * Traits::kStages + slot);
+    }
+    __device__ __forceinline__ uint32_t tile_slot(int slot) const {
+        return bar + 8 * (6 + 4 * Traits::kStages) + 4 * slot;
+    }
 };
 
 // One tile of the persistent schedule (fwd_sm90_host.h fwd_sm90_persistent): tile t = blockIdx.x,
-// blockIdx.x + gridDim.x, ... is query block t % num_m_blocks of batch (t / num_m_blocks) % b and
-// head t / (num_m_blocks b), the order of a grid (m blocks, b, h), so that the CTAs running
-// together share a head's K / V in L2. Causal with a CTA per tile: the m blocks last to first
+// blockIdx.x + gridDim.x, ... (or, dynamic tiles, as TileRing hands them out) is query block
+// t % num_m_blocks of head (t / num_m_blocks) % h and batch t / (num_m_blocks h), the order of a
+// grid (m blocks, h, b), so that the CTAs running together share a head's K / V in L2 (and a GQA
+// group's heads theirs). Causal with a CTA per tile or dynamic tiles: the m blocks last to first
 // (longest first, the order in which the hardware starts them).
-// Causal with fewer CTAs than tiles (level order): the (batch, head) pairs in chunks of `chunk`
+// Causal with fewer CTAs than tiles and a fixed walk (level order): the (batch, head) pairs in chunks of `chunk`
 // (fwd_sm90_host.h fwd_sm90_tile_chunk: as many as the L2 holds the K / V of; the last chunk may
 // be shorter), chunk after chunk; inside a chunk the m blocks are the slowest index, last to
 // first, then the batch, the head fastest (a GQA group's heads together). The CTAs walk the
@@ -264,9 +277,13 @@ struct FwdTile {
                             : static_cast<int>(blockIdx.x);
         return round * static_cast<int>(gridDim.x) + cta;
     }
-    __device__ __forceinline__ static FwdTile make(int t, int num_m_blocks, int batches, int heads,
+    // m_div / h_div: the query blocks per (batch, head) and the heads (FwdParams::
+    // num_m_blocks_div / sm90_heads_div, set by prepare_fwd_sm90_divisors).
+    __device__ __forceinline__ static FwdTile make(int t, const FastDivisor& m_div,
+                                                   const FastDivisor& h_div, int batches,
                                                    bool causal, bool level_order, int chunk) {
         FwdTile tile;
+        const int num_m_blocks = m_div.value(), heads = h_div.value();
         if (level_order) {
             const int pairs = batches * heads;
             chunk = chunk > 0 && chunk < pairs ? chunk : pairs;
@@ -280,12 +297,40 @@ struct FwdTile {
             tile.head = pair - tile.batch * heads;
             return tile;
         }
-        const int m_index = t % num_m_blocks;
-        const int rest = t / num_m_blocks;
+        const int rest = m_div.div(t);
+        const int m_index = t - rest * num_m_blocks;
         tile.m_block = causal ? num_m_blocks - 1 - m_index : m_index;
-        tile.batch = rest % batches;
-        tile.head = rest / batches;
+        tile.batch = h_div.div(rest);
+        tile.head = rest - tile.batch * heads;
         return tile;
+    }
+};
+
+// A CTA's tiles with dynamic tiles (params.sm90_tile_counter; fwd_sm90_host.h
+// fwd_sm90_dynamic_tiles): round 0 is tile blockIdx.x; for each later round the producer takes
+// gridDim.x + the counter's old value (an atomic add of 1) once it has issued the previous tile's
+// last K / V load, and hands it to the consumers through a ring of 2 slots in shared memory. Each
+// slot has a full mbarrier (one arrival: the producer's, after storing the index) and an empty one
+// (an arrival per consumer thread, after loading it). An index of num_tiles or more ends both
+// roles' walks (the producer publishes it too). The producer runs at most one round ahead of the
+// slowest consumer's load: it waits for round r - 2's slot to be emptied before storing round r.
+template <typename Traits>
+struct TileRing {
+    // Producer (one thread): round `round`'s tile index into its slot.
+    __device__ __forceinline__ static void publish(const Sm90Smem<Traits>& smem, int round,
+                                                   int tile_index) {
+        const int slot = round & 1;
+        wait_phase(smem.empty_tile(slot), ((round >> 1) & 1) ^ 1);  // round 0 / 1: at once
+        ptx::st_shared_4(smem.tile_slot(slot), static_cast<uint32_t>(tile_index));
+        ptx90::mbarrier_arrive(smem.full_tile(slot));
+    }
+    // Consumer thread: round `round`'s tile index (warp-uniform).
+    __device__ __forceinline__ static int take(const Sm90Smem<Traits>& smem, int round) {
+        const int slot = round & 1;
+        wait_phase(smem.full_tile(slot), (round >> 1) & 1);
+        const int tile_index = static_cast<int>(ptx::ld_shared_4(smem.tile_slot(slot)));
+        ptx90::mbarrier_arrive(smem.empty_tile(slot));
+        return ptx::warp_uniform(tile_index);
     }
 };
 
@@ -364,7 +409,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
     const int num_tiles = num_m_blocks * params.b * params.h;
-    const bool level_order = Causal && static_cast<int>(gridDim.x) < num_tiles;
+    int* const tile_counter = params.sm90_tile_counter;
+    const bool dynamic_tiles = tile_counter != nullptr;  // TileRing
+    const bool level_order = Causal && !dynamic_tiles && static_cast<int>(gridDim.x) < num_tiles;
 
     // A tile's query rows and key blocks (both roles compute them; the producer's registers are
     // few, so it keeps only what it needs).
@@ -378,8 +425,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
     auto tile_work = [&](int t) {
         TileWork w;
-        w.tile = FwdTile::make(t, num_m_blocks, params.b, params.h, Causal, level_order,
-                               params.sm90_tile_chunk);
+        w.tile = FwdTile::make(t, params.num_m_blocks_div, params.sm90_heads_div, params.b,
+                               Causal, level_order, params.sm90_tile_chunk);
         w.seq = sm80::SequenceInfo::make(params, w.tile.batch);
         w.m0 = w.tile.m_block * kBlockM;
         w.valid_q_rows = min(kBlockM, w.seq.seqlen_q - w.m0);
@@ -411,13 +458,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             ptx90::mbarrier_init(smem.empty_k(s), Traits::kConsumerThreads);
             ptx90::mbarrier_init(smem.empty_v(s), Traits::kConsumerThreads);
         }
+        for (int slot = 0; slot < 2; ++slot) {
+            ptx90::mbarrier_init(smem.full_tile(slot), 1);
+            ptx90::mbarrier_init(smem.empty_tile(slot), Traits::kConsumerThreads);
+        }
         ptx90::fence_barrier_init();
     }
     __syncthreads();  // the last CTA-wide barrier: the warpgroups go their own ways from here
 
-    // Both roles walk the same tiles and skip the same ones (no rows, or no visible key), and
-    // count what they pass through the barriers: `q_round` Q tiles, `kv_base` K / V blocks
-    // (block g of the CTA uses stage g % kStages in round g / kStages).
+    // Both roles walk the same tiles (fixed: FwdTile::index; dynamic: the producer's, through
+    // TileRing) and skip the same ones (no rows, or no visible key), and count what they pass
+    // through the barriers: `q_round` Q tiles, `kv_base` K / V blocks (block g of the CTA uses
+    // stage g % kStages in round g / kStages).
     const int warpgroup = tid / 128;
     if (warpgroup == 0) {
         // ---- Producer.
@@ -425,13 +477,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (tid != 0) return;
         if constexpr (kDropout) write_rng_state(params, tid);  // CTA 0 (dropout.cuh)
         int q_round = 0, kv_base = 0;
-        for (int round = 0, tile_index = FwdTile::index(0, level_order); tile_index < num_tiles;
-             tile_index = FwdTile::index(++round, level_order)) {
+        auto next_tile = [&](int round) {
+            return params.sm90_tile_counter != nullptr && round > 0
+                       ? static_cast<int>(gridDim.x) +
+                             ptx::atomic_add_global(params.sm90_tile_counter, 1)
+                       : FwdTile::index(round, level_order);
+        };
+        for (int round = 0, tile_index = next_tile(0);; tile_index = next_tile(++round)) {
+            if (params.sm90_tile_counter != nullptr) {
+                TileRing<Traits>::publish(smem, round, tile_index);
+            }
+            if (tile_index >= num_tiles) break;
             const TileWork w = tile_work(tile_index);
             const int n_iters = w.n_iters();
             if (!w.has_rows() || n_iters <= 0) continue;
             const MapRows rows = MapRows::make(params, w.tile.batch, w.m0);
-            const int kv_head = w.tile.head / params.h_h_k_ratio;
+            const int kv_head = params.h_h_k_ratio_div.div(w.tile.head);
             // The consumers are done with the previous tile's Q (first tile: passes at once).
             wait_phase(smem.empty_q(), (q_round & 1) ^ 1);
             ptx90::mbarrier_arrive_expect_tx(smem.full_q(), Traits::kQBytes);
@@ -536,8 +597,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (c == 1) ptx90::named_barrier_arrive(1, 256);  // warpgroup 0 goes first
     }
     int q_round = 0, kv_base = 0;
-    for (int round = 0, tile_index = FwdTile::index(0, level_order); tile_index < num_tiles;
-         tile_index = FwdTile::index(++round, level_order)) {
+    auto take_tile = [&](int round) {
+        // The kernel parameter read at each use, not a register held through the tile (the
+        // dropout kernels' consumers have none to spare).
+        return params.sm90_tile_counter != nullptr ? TileRing<Traits>::take(smem, round)
+                                                   : FwdTile::index(round, level_order);
+    };
+    for (int round = 0, tile_index = take_tile(0); tile_index < num_tiles;
+         tile_index = take_tile(++round)) {
         const TileWork w = tile_work(tile_index);
         if (!w.has_rows()) continue;  // varlen: this sequence is shorter than the grid
         const int batch = w.tile.batch, head = w.tile.head, m0 = w.m0;

@@ -54,17 +54,20 @@ inline bool fwd_supports(const FwdParams& p) {
 }
 
 // Whether the kernel runs persistent, one CTA per SM walking the tiles (fwd_sm90.cuh FwdTile):
-// fixed length without a window, and not causal (every tile has the same key blocks: the grid
-// order) or causal (the tiles' lengths fall with the level order, whose snake walk keeps the
-// CTAs' work even) up to 8192 query rows, at head dims 192 / 256 from 4096, and d192 up to 1024.
-// Measured on the H200 against one CTA per tile (bench/NOTES.md run 156): causal d64 / d128
-// persistent 1.02-1.38x at s512-8k but 0.96-0.99x at s16k (the hardware's greedy hand-out
-// balances better there); d256 1.05-1.06x at s4k-8k but 0.81x at s512-1k (the level order puts
-// up to 132 heads' K / V in flight, more than the L2 holds at 256 columns); d192 as d256 (run
-// 211: persistent at causal s512-2k 0.97-1.02x). Since the level order walks the heads in chunks
-// whose K / V the L2 holds (fwd_sm90_tile_chunk; an H100, run 227): d192 s512 / s1k 1.17 /
-// 1.13x, s2k 0.92x (no chunks there); d256 s512-2k still 0.93-0.96x. By the kernel's head dim
-// (fwd_kernel_head_dim). Windows and varlen keep one CTA per tile.
+// fixed length without a window, not causal (every tile has the same key blocks: the grid order)
+// or causal. Causal calls take their tiles dynamically (fwd_sm90_dynamic_tiles), which balances
+// the CTAs as the hardware's hand-out of a grid does and keeps the K / V of the few (batch, head)
+// pairs in flight in the L2; against one CTA per tile (an H100, bench/NOTES.md run 230) d256
+// s512-2k 1.04-1.08x, d192 s2k 1.10x, s16k 0.98-1.03x, and the cells the fixed walk ran
+// persistent before gained (d128 s512 / s4k 1.15 / 1.14x over it).
+// With the fixed walk (FLASH_CUDA_SM90_DYNAMIC=0; the tiles' lengths fall with the level order,
+// whose snake keeps the CTAs' work even), the rule before session 48: causal up to 8192 query
+// rows, at head dims 192 / 256 from 4096, and d192 up to 1024. Measured on the H200 against one
+// CTA per tile (run 156): causal d64 / d128 persistent 1.02-1.38x at s512-8k but 0.96-0.99x at
+// s16k; d256 1.05-1.06x at s4k-8k but 0.81x at s512-1k (the level order puts up to 132 heads'
+// K / V in flight); d192 as d256 (run 211). With the level order in chunks (fwd_sm90_tile_chunk;
+// an H100, run 227): d192 s512 / s1k 1.17 / 1.13x, s2k 0.92x; d256 s512-2k 0.93-0.96x. By the
+// kernel's head dim (fwd_kernel_head_dim). Windows and varlen keep one CTA per tile.
 // FLASH_CUDA_SM90_PERSIST in the environment (A/B runs, read per call): "0" one CTA per tile
 // always, another value persistent always; unset, this rule.
 inline bool fwd_sm90_persistent(const FwdParams& p) {
@@ -72,9 +75,38 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     if (p.cu_seqlens_q != nullptr || p.window_size_left >= 0) return false;
     if (!p.is_causal) return p.window_size_right < 0;
+    if (env_choice("FLASH_CUDA_SM90_DYNAMIC") != EnvChoice::kOff) return true;  // dynamic tiles
     const int head_dim = fwd_kernel_head_dim(p.d);
     return p.seqlen_q <= 8192 &&
            (head_dim < 192 || p.seqlen_q >= 4096 || (head_dim == 192 && p.seqlen_q <= 1024));
+}
+
+// Whether the CTAs of a call take their tiles dynamically (params.sm90_tile_counter, which the
+// caller allocates and zeroes; fwd_sm90.cuh TileRing): each CTA starts on tile blockIdx.x and,
+// whenever its producer has issued a tile's last K / V load, takes the next from the counter, so
+// a CTA whose tiles were short takes more of them, as the hardware hands out the CTAs of a grid.
+// The tiles then go in the grid's order (the pairs one after another, each one's query blocks
+// longest first), which keeps the K / V of the few pairs in flight in the L2. Causal persistent
+// calls; the level order it replaces keeps the CTAs even by a fixed walk but reads the K / V of
+// all pairs at each level (an H100, d128 causal s4k: 1.13-1.24 GB from memory for 201 MB of
+// Q / K / V, dynamic 201 MB; 533 against 464 us; bench/NOTES.md runs 229-230).
+// FLASH_CUDA_SM90_DYNAMIC in the environment (A/B runs, tests; read per call): "0" never (the
+// fixed walk), another value for every call (non-causal, windows and varlen too: one CTA per tile
+// there then takes no second tile); unset, this rule.
+inline bool fwd_sm90_dynamic_tiles(const FwdParams& p) {
+    const EnvChoice env = env_choice("FLASH_CUDA_SM90_DYNAMIC");
+    if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
+    return p.is_causal && fwd_sm90_persistent(p);
+}
+
+// The divisors of the kernel's tile index math (fwd_sm90.cuh FwdTile, the K / V head): 128-row
+// query blocks, heads, query heads per KV head. A run-time division costs the producer thread
+// (24 registers) more registers than it has (the dynamic tiles' walk spilled 4-24 bytes in 43
+// kernels, session 48's first build). The launcher and the CPU emulator call this.
+inline void prepare_fwd_sm90_divisors(FwdParams& p) {
+    p.num_m_blocks_div = FastDivisor::make(static_cast<int>((fwd_sm90_tiles(p) / p.b) / p.h));
+    p.sm90_heads_div = FastDivisor::make(p.h);
+    p.h_h_k_ratio_div = FastDivisor::make(p.h_h_k_ratio);
 }
 
 // Whether a call of the d64 kernel takes key blocks of 192 (FwdSm90Config<64>::WideTraits)

@@ -70,6 +70,7 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
         throw std::runtime_error("flash_cuda: cannot read the GPU's L2 size / SM count (sm90 "
                                  "forward)");
     }
+    sm90::prepare_fwd_sm90_divisors(params);
     const int ctas = sm90::fwd_sm90_ctas(params, num_sms);
     params.sm90_tile_chunk = sm90::fwd_sm90_tile_chunk(params, l2_bytes, ctas);
     sm90::with_fwd_sm90_traits<HeadDim, Causal>(params, [&](auto traits) {

@@ -182,6 +182,10 @@ inline void red_add_f32x2(float* addr, float a, float b) {
     std::atomic_ref<float>(addr[0]).fetch_add(a);
     std::atomic_ref<float>(addr[1]).fetch_add(b);
 }
+// atomicAdd on a global int, returning the old value.
+inline int atomic_add_global(int* addr, int value) {
+    return std::atomic_ref<int>(*addr).fetch_add(value);
+}
 // Programmatic dependent launch: the emulator runs one kernel after the other, so a dependent
 // kernel never starts early and both halves of the edge are no-ops.
 inline void launch_dependents() {}
