@@ -173,22 +173,24 @@ def test_wide_key_blocks_emulated_sm90(feature, monkeypatch):
     assert "key blocks of 192" in driver.LAST_STDOUT
 
 
+@pytest.mark.parametrize("walk", ("fixed", "dynamic"))
 @pytest.mark.parametrize("chunk", ("1", "3", "0"))
 @pytest.mark.parametrize("d", (64, 128))
-def test_level_order_chunks_emulated_sm90(d, chunk, monkeypatch):
+def test_level_order_chunks_emulated_sm90(d, chunk, walk, monkeypatch):
     """Causal persistent walk in chunks of (batch, head) pairs (FLASH_CUDA_SM90_CHUNK; the
     launcher's rule chunks by the L2, which these small calls fit whole): 3 CTAs, 2 x 4 pairs
     (GQA 2) of 3 query tiles, chunks of 1, of 3 (the last one of 2 pairs), or one of all ("0").
     Every tile must be walked exactly once by both roles: a tile missed or taken twice leaves
-    rows unwritten (NaN-poisoned) or hangs the producer / consumer barrier rounds. The fixed
-    walk (FLASH_CUDA_SM90_DYNAMIC=0): causal calls take their tiles dynamically by default."""
+    rows unwritten (NaN-poisoned) or hangs the producer / consumer barrier rounds. Both walks:
+    "fixed" (FLASH_CUDA_SM90_DYNAMIC=0, the snake over rounds of CTAs) and "dynamic" (the
+    default: the tiles in the same order, taken from the counter)."""
     monkeypatch.setenv("FLASH_CUDA_SM90_CHUNK", chunk)
-    monkeypatch.setenv("FLASH_CUDA_SM90_DYNAMIC", "0")
+    monkeypatch.setenv("FLASH_CUDA_SM90_DYNAMIC", "0" if walk == "fixed" else "")
     gen = torch.Generator().manual_seed(d + int(chunk))
     q, k, v = make_qkv(2, 328, 300, 4, 2, d, torch.bfloat16, gen=gen, device="cpu")
     out, lse = run_sm90(q, k, v, causal=True)
     assert_close_to_oracle(out, lse, q, k, v, causal=True)
-    assert "fixed tiles" in driver.LAST_STDOUT
+    assert f"{walk} tiles" in driver.LAST_STDOUT
 
 
 @pytest.mark.parametrize("feature,variant", [("causal", True), ("causal", "pingpong"),

@@ -180,19 +180,20 @@ def test_o_store_sm90(shape, ostore, d, monkeypatch):
     base.assert_close_to_oracle(out, lse, q, k, v, causal=causal)
 
 
+@pytest.mark.parametrize("walk", ("fixed", "dynamic"))
 @pytest.mark.parametrize("chunk", ("1", "7", "0", None), ids=("1", "7", "all", "rule"))
 @pytest.mark.parametrize("d", HEAD_DIMS)
-def test_level_order_chunks_sm90(chunk, d, monkeypatch):
+def test_level_order_chunks_sm90(chunk, d, walk, monkeypatch):
     """The causal persistent walk in chunks of (batch, head) pairs (FLASH_CUDA_SM90_CHUNK; None:
     the launcher's rule, by the L2's size): 2 x 24 pairs (GQA 3) of 8 query tiles, more tiles
     than SMs, chunks of 1, of 7 (the last one of 6 pairs), one of all; persistent at every head
-    dim (FLASH_CUDA_SM90_PERSIST=1), the fixed walk (FLASH_CUDA_SM90_DYNAMIC=0; causal persistent
-    calls take their tiles dynamically by default). Against the oracle, out and lse poisoned
-    first."""
+    dim (FLASH_CUDA_SM90_PERSIST=1), both walks: "fixed" (FLASH_CUDA_SM90_DYNAMIC=0, the snake
+    over rounds of CTAs) and "dynamic" (the default for causal calls: the same order, the tiles
+    taken from a counter). Against the oracle, out and lse poisoned first."""
     if chunk is not None:
         monkeypatch.setenv("FLASH_CUDA_SM90_CHUNK", chunk)
     monkeypatch.setenv("FLASH_CUDA_SM90_PERSIST", "1")
-    monkeypatch.setenv("FLASH_CUDA_SM90_DYNAMIC", "0")
+    monkeypatch.setenv("FLASH_CUDA_SM90_DYNAMIC", "0" if walk == "fixed" else "1")
     q, k, v = base.make_qkv(2, 1000, 1000, 24, 8, d, torch.bfloat16)
     base.poison_allocator(q.numel() * 2 + 2 * 1000 * 24 * 4)
     out, lse = base.fwd(q, k, v, causal=True)

@@ -253,20 +253,22 @@ struct Sm90Smem {
 };
 
 // One tile of the persistent schedule (fwd_sm90_host.h fwd_sm90_persistent): tile t = blockIdx.x,
-// blockIdx.x + gridDim.x, ... (or, dynamic tiles, as TileRing hands them out) is query block
+// blockIdx.x + gridDim.x, ... (or, dynamic tiles, the indices TileRing hands out) is query block
 // t % num_m_blocks of head (t / num_m_blocks) % h and batch t / (num_m_blocks h), the order of a
 // grid (m blocks, h, b), so that the CTAs running together share a head's K / V in L2 (and a GQA
-// group's heads theirs). Causal with a CTA per tile or dynamic tiles: the m blocks last to first
-// (longest first, the order in which the hardware starts them).
-// Causal with fewer CTAs than tiles and a fixed walk (level order): the (batch, head) pairs in chunks of `chunk`
-// (fwd_sm90_host.h fwd_sm90_tile_chunk: as many as the L2 holds the K / V of; the last chunk may
-// be shorter), chunk after chunk; inside a chunk the m blocks are the slowest index, last to
-// first, then the batch, the head fastest (a GQA group's heads together). The CTAs walk the
-// rounds of gridDim.x tiles in a snake (index): the tiles shorten as t grows within a chunk, so a
-// CTA that takes one of a round's longer tiles takes one of the next round's shorter ones, and
-// the CTAs' work stays even (a plain walk gives CTA gridDim.x - 1 the shorter tile of every
-// round). Without the chunks (one chunk of all the pairs) every level would read every head's
-// K / V again, from memory once they no longer fit the L2.
+// group's heads theirs). Causal with a CTA per tile: the m blocks last to first (longest first,
+// the order in which the hardware starts them).
+// Causal with fewer CTAs than tiles (level order): the (batch, head) pairs in chunks of `chunk`
+// (fwd_sm90_host.h fwd_sm90_tile_chunk; the last chunk may be shorter), chunk after chunk;
+// inside a chunk the m blocks are the slowest index, last to first, then the batch, the head
+// fastest (a GQA group's heads together). Dynamic tiles take chunks of one pair by default: the
+// grid's order, each pair's blocks longest first. The fixed walk takes as many pairs as the L2
+// holds the K / V of, and its CTAs walk the rounds of gridDim.x tiles in a snake (index): the
+// tiles shorten as t grows within a chunk, so a CTA that takes one of a round's longer tiles
+// takes one of the next round's shorter ones, and the CTAs' work stays even (a plain walk gives
+// CTA gridDim.x - 1 the shorter tile of every round). Without the chunks (one chunk of all the
+// pairs) every level would read every head's K / V again, from memory once they no longer fit
+// the L2.
 struct FwdTile {
     int m_block, batch, head;
     // The CTA's tile in its round r (r = 0, 1, ...; the walk ends at the first index past the
@@ -307,7 +309,8 @@ struct FwdTile {
 };
 
 // A CTA's tiles with dynamic tiles (params.sm90_tile_counter; fwd_sm90_host.h
-// fwd_sm90_dynamic_tiles): round 0 is tile blockIdx.x; for each later round the producer takes
+// fwd_sm90_dynamic_tiles; FwdTile maps the indices): round 0 is tile blockIdx.x; for each later
+// round the producer takes
 // gridDim.x + the counter's old value (an atomic add of 1) once it has issued the previous tile's
 // last K / V load, and hands it to the consumers through a ring of 2 slots in shared memory. Each
 // slot has a full mbarrier (one arrival: the producer's, after storing the index) and an empty one
@@ -411,7 +414,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int num_tiles = num_m_blocks * params.b * params.h;
     int* const tile_counter = params.sm90_tile_counter;
     const bool dynamic_tiles = tile_counter != nullptr;  // TileRing
-    const bool level_order = Causal && !dynamic_tiles && static_cast<int>(gridDim.x) < num_tiles;
+    const bool level_order = Causal && static_cast<int>(gridDim.x) < num_tiles;
 
     // A tile's query rows and key blocks (both roles compute them; the producer's registers are
     // few, so it keeps only what it needs).

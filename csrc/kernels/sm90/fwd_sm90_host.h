@@ -85,11 +85,12 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
 // caller allocates and zeroes; fwd_sm90.cuh TileRing): each CTA starts on tile blockIdx.x and,
 // whenever its producer has issued a tile's last K / V load, takes the next from the counter, so
 // a CTA whose tiles were short takes more of them, as the hardware hands out the CTAs of a grid.
-// The tiles then go in the grid's order (the pairs one after another, each one's query blocks
-// longest first), which keeps the K / V of the few pairs in flight in the L2. Causal persistent
-// calls; the level order it replaces keeps the CTAs even by a fixed walk but reads the K / V of
-// all pairs at each level (an H100, d128 causal s4k: 1.13-1.24 GB from memory for 201 MB of
-// Q / K / V, dynamic 201 MB; 533 against 464 us; bench/NOTES.md runs 229-230).
+// The tiles then go in the grid's order (fwd_sm90_tile_chunk: chunks of one pair; the pairs one
+// after another, each one's query blocks longest first), which keeps the K / V of the few pairs
+// in flight in the L2. Causal persistent calls; the fixed walk's level order keeps the CTAs even
+// by its snake but reads the K / V of many pairs at each level (an H100, d128 causal s4k:
+// 1.13-1.24 GB from memory for 201 MB of Q / K / V, dynamic 201 MB; 533 against 464 us;
+// bench/NOTES.md runs 229-230).
 // FLASH_CUDA_SM90_DYNAMIC in the environment (A/B runs, tests; read per call): "0" never (the
 // fixed walk), another value for every call (non-causal, windows and varlen too: one CTA per tile
 // there then takes no second tile); unset, this rule.
@@ -219,6 +220,10 @@ inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
 // whose tiles' lengths differ too much for the snake to even out, and those calls gain little
 // from the L2. FLASH_CUDA_SM90_CHUNK in the environment (tests, A/B runs; read per call): "0" one
 // chunk (the walk before session 47), a number N > 0 chunks of N pairs; unset, this rule.
+// With dynamic tiles (fwd_sm90_dynamic_tiles): chunks of 1 pair, i.e. the grid's order (each
+// pair's query blocks longest first, pair after pair). The level order in the L2's chunks with
+// dynamic tiles (no round to balance then) lost 0.92-0.97x to it at causal s512 on every head
+// dim, and was 0.93-1.06x on the longer calls (an H100, bench/NOTES.md run 232).
 inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_ctas) {
     const int64_t pairs = static_cast<int64_t>(p.b) * p.h;
     const char* env = std::getenv("FLASH_CUDA_SM90_CHUNK");
@@ -226,6 +231,7 @@ inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_cta
         const long n = std::strtol(env, nullptr, 10);
         return n > 0 ? static_cast<int>(std::min<int64_t>(n, pairs)) : 0;
     }
+    if (fwd_sm90_dynamic_tiles(p)) return 1;
     const int64_t kv_bytes = std::max<int64_t>(
         1, 2 * static_cast<int64_t>(p.seqlen_k) * p.d * 2 / std::max(1, p.h_h_k_ratio));
     const int64_t chunk = std::min<int64_t>(l2_bytes / 2 / kv_bytes, pairs);
