@@ -233,15 +233,14 @@ def persistent_forward_calls():
     buffers where not pingpong) and d192 (112-key blocks, O as d256). Causal also with the level
     order in chunks of 7 (batch, head) pairs, the last of 5 (FLASH_CUDA_SM90_CHUNK=7; the
     launcher's rule keeps these small calls in one chunk), the fixed walk
-    (FLASH_CUDA_SM90_DYNAMIC=0: causal calls take their tiles from a counter by default);
-    non-causal also with dynamic tiles (FLASH_CUDA_SM90_DYNAMIC=1)."""
+    (FLASH_CUDA_SM90_DYNAMIC=0: causal calls take their tiles from a counter by default)."""
     b, s, h = 2, 300, 48  # 3 tiles x 2 x 48 = 288 tiles
     for d in (128, 64, 256, 192):
         q, k, v = rand(b, s, h, d), rand(b, s, h, d), rand(b, s, h, d)
         for mode, causal, keys192, chunk, dynamic in (
                 ("1", False, "0", "", ""), ("1", True, "0", "", ""), ("1", True, "0", "7", "0"),
                 ("pingpong", False, "0", "", ""), ("pingpong", True, "0", "", ""),
-                ("1", False, "1", "", ""), ("1", False, "0", "", "1")):
+                ("1", False, "1", "", "")):
             if keys192 == "1" and d != 64:
                 continue
             with environment(FLASH_CUDA_SM90=mode, FLASH_CUDA_SM90_KEYS192=keys192,

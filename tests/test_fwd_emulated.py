@@ -194,33 +194,28 @@ def test_level_order_chunks_emulated_sm90(d, chunk, walk, monkeypatch):
 
 
 @pytest.mark.parametrize("feature,variant", [("causal", True), ("causal", "pingpong"),
-                                             ("plain", True), ("window", True), ("varlen", True)])
+                                             ("causal_window", True), ("varlen", True)])
 @pytest.mark.parametrize("d", (64, 128, 192, 256))
-def test_dynamic_tiles_emulated_sm90(d, feature, variant, monkeypatch):
+def test_dynamic_tiles_emulated_sm90(d, feature, variant):
     """Tiles taken from a counter and handed to the consumers through the 2-slot ring in shared
-    memory (fwd_sm90.cuh TileRing; causal calls by the launcher's rule, the others forced by
-    FLASH_CUDA_SM90_DYNAMIC=1): 3 CTAs, 2 x 4 heads (GQA 2) of 3 query tiles (the last ragged);
-    the blocks run one after another here, so block 0 takes 22 of the 24 tiles, the ring going
-    round 11 times. "causal" with fewer keys than queries: the first tile of each head sees no
-    key (skipped by both roles). A tile taken twice, missed, or read from the wrong slot leaves
-    NaN-poisoned rows, a write outside o / lse, or a hang."""
+    memory (fwd_sm90.cuh TileRing; causal calls without dropout, the launcher's rule): 3 CTAs,
+    2 x 4 heads (GQA 2) of 3 query tiles (the last ragged); the blocks run one after another
+    here, so block 0 takes 22 of the 24 tiles, the ring going round 11 times. "causal" with fewer
+    keys than queries: the first tile of each head sees no key (skipped by both roles);
+    "causal_window" with a left window too; "varlen" causal packed sequences. A tile taken twice,
+    missed, or read from the wrong slot leaves NaN-poisoned rows, a write outside o / lse, or a
+    hang."""
     if feature == "varlen":
-        monkeypatch.setenv("FLASH_CUDA_SM90_DYNAMIC", "1")
         test_varlen_emulated_sm90(d, "causal")
         assert "dynamic tiles" in driver.LAST_STDOUT
         return
-    if feature != "causal":
-        monkeypatch.setenv("FLASH_CUDA_SM90_DYNAMIC", "1")
-    gen = torch.Generator().manual_seed(d + FEATURE_SEEDS[feature])
+    gen = torch.Generator().manual_seed(d + (feature == "causal_window"))
     sk = 200 if feature == "causal" else 300
     q, k, v = make_qkv(2, 328, sk, 4, 2, d, torch.bfloat16, gen=gen, device="cpu")
-    opts = {"causal": {"causal": True}, "plain": {}, "window": {"window": (90, 30)}}[feature]
+    opts = {"causal": True} if feature == "causal" else {"causal": True, "window": (90, 0)}
     out, lse = run_sm90(q, k, v, variant, **opts)
     assert_close_to_oracle(out, lse, q, k, v, **opts)
     assert "dynamic tiles" in driver.LAST_STDOUT
-
-
-FEATURE_SEEDS = {"causal": 0, "plain": 1, "window": 2}
 
 
 @pytest.mark.parametrize("ostore", ("0", "1"), ids=("registers", "tma"))

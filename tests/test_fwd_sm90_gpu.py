@@ -98,8 +98,9 @@ def tile_options(feature: str, h: int) -> dict:
     return {}
 
 
-@pytest.mark.parametrize("walk", ("fixed", "dynamic"))
-@pytest.mark.parametrize("feature", ("plain", "softcap", "alibi", "causal", "causal_odd", "window"))
+@pytest.mark.parametrize("feature,walk", [
+    *[(f, "fixed") for f in ("plain", "softcap", "alibi", "window")],
+    *[(f, w) for f in ("causal", "causal_odd") for w in ("fixed", "dynamic")]])
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_persistent_tiles_sm90(feature, d, walk, monkeypatch):
     """More query tiles than the GPU has SMs: the persistent CTAs each walk several tiles (Q, the
@@ -110,8 +111,9 @@ def test_persistent_tiles_sm90(feature, d, walk, monkeypatch):
     Causal and window calls run persistent here by FLASH_CUDA_SM90_PERSIST=1 (the launcher's rule
     keeps some causal calls, d192 / d256 at these lengths, and every window call on one CTA per
     tile). "fixed": each CTA walks blockIdx.x + r gridDim.x (causal: the level order);
-    "dynamic": the CTAs take their tiles from a counter (fwd_sm90.cuh TileRing; the launcher's
-    rule for causal persistent calls), forced either way by FLASH_CUDA_SM90_DYNAMIC."""
+    "dynamic" (causal only: the kernels with it): the CTAs take their tiles from a counter
+    (fwd_sm90.cuh TileRing; the launcher's rule for causal calls), forced either way by
+    FLASH_CUDA_SM90_DYNAMIC."""
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     b, sq, sk, hk = 2, 300, 333, 2  # 3 tiles per (batch, head), the last one ragged
     rounds = 1 if feature == "causal_odd" else 2  # full rounds of n_sms tiles, then a partial one

@@ -145,13 +145,12 @@ bool run_sm90(FwdParams& params) {
     params.sm90_tile_chunk =  // an H100's L2 and SMs
         s90::fwd_sm90_tile_chunk(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
     // Dynamic tiles as the launcher's rule (fwd_sm90_dynamic_tiles), the persistence being forced
-    // here: every causal call unless FLASH_CUDA_SM90_DYNAMIC=0, every call if it is another
-    // value. The blocks run one after another, so block 0 takes every tile but the other
+    // here: every causal call without dropout unless FLASH_CUDA_SM90_DYNAMIC=0 (windows and
+    // varlen too). The blocks run one after another, so block 0 takes every tile but the other
     // blocks' first ones, through many rounds of the ring.
-    const flash_cuda::EnvChoice dynamic = flash_cuda::env_choice("FLASH_CUDA_SM90_DYNAMIC");
     int tile_counter = 0;
-    if (dynamic == flash_cuda::EnvChoice::kAll ||
-        (dynamic == flash_cuda::EnvChoice::kRule && params.is_causal)) {
+    if (params.is_causal && params.p_keep >= 1.f &&
+        flash_cuda::env_choice("FLASH_CUDA_SM90_DYNAMIC") != flash_cuda::EnvChoice::kOff) {
         params.sm90_tile_counter = &tile_counter;
     }
     s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {

@@ -4,12 +4,13 @@
 // variant also makes the two consumer warpgroups take turns issuing their GEMMs (below).
 //
 // One tile = kBlockM = 128 query rows of one (batch, head); a CTA, 3 warpgroups (384 threads):
-//   warpgroup 0, the producer (registers lowered to 24): one thread issues the TMA copies --
+//   warpgroup 0, the producer (registers lowered to 24; 40 in the kernels with dynamic tiles,
+//     whose consumers get 232): one thread issues the TMA copies --
 //     Q once (kSlabs boxes of 128 rows x 64 columns), then for key blocks n = last .. first the
 //     K and V tiles (kSlabs boxes of kBlockN rows x 64 columns each) into kStages buffers, each
 //     buffer guarded by a `full` mbarrier (arrive.expect_tx + the copies' bytes) and an `empty`
 //     mbarrier (one arrival per consumer thread once its wgmma no longer reads it).
-//   warpgroups 1 and 2, the consumers (registers raised to 240): rows 64 (wg - 1) .. + 63.
+//   warpgroups 1 and 2, the consumers (registers raised to 240, or 232): rows 64 (wg - 1) .. + 63.
 //     Per key block:
 //       S = Q K^T      wgmma m64 n kBlockN k16, both operands K-major from shared memory (SS)
 //       softcap / ALiBi / mask, online softmax on the accumulators (the per-warp layout is the
@@ -412,8 +413,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tid = threadIdx.x;
     const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
     const int num_tiles = num_m_blocks * params.b * params.h;
-    int* const tile_counter = params.sm90_tile_counter;
-    const bool dynamic_tiles = tile_counter != nullptr;  // TileRing
+    // Dynamic tiles (TileRing; the host's fwd_sm90_dynamic_tiles) are built into the causal
+    // kernels without dropout only. Their producer holds the counter's values in registers, so
+    // it gets 40 registers and each consumer 232 instead of 24 and 240 (with 24 the producer
+    // spilled 4-24 bytes in most kernels; the dropout consumers need their 240, the other
+    // kernels keep the split as it was).
+    constexpr bool kDynamicTiles = Causal && !kDropout;
+    constexpr int kProducerRegisters = kDynamicTiles ? 40 : 24;
+    constexpr int kConsumerRegisters = kDynamicTiles ? 232 : 240;
+    static_assert(kProducerRegisters + 2 * kConsumerRegisters <= 504,
+                  "a CTA's 64512 registers (168 per thread at launch) over its 3 warpgroups");
+    auto dynamic_tiles = [&] { return kDynamicTiles && params.sm90_tile_counter != nullptr; };
     const bool level_order = Causal && static_cast<int>(gridDim.x) < num_tiles;
 
     // A tile's query rows and key blocks (both roles compute them; the producer's registers are
@@ -476,20 +486,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int warpgroup = tid / 128;
     if (warpgroup == 0) {
         // ---- Producer.
-        ptx90::setmaxnreg_dec<24>();
+        ptx90::setmaxnreg_dec<kProducerRegisters>();
         if (tid != 0) return;
         if constexpr (kDropout) write_rng_state(params, tid);  // CTA 0 (dropout.cuh)
         int q_round = 0, kv_base = 0;
         auto next_tile = [&](int round) {
-            return params.sm90_tile_counter != nullptr && round > 0
+            return dynamic_tiles() && round > 0
                        ? static_cast<int>(gridDim.x) +
                              ptx::atomic_add_global(params.sm90_tile_counter, 1)
                        : FwdTile::index(round, level_order);
         };
         for (int round = 0, tile_index = next_tile(0);; tile_index = next_tile(++round)) {
-            if (params.sm90_tile_counter != nullptr) {
-                TileRing<Traits>::publish(smem, round, tile_index);
-            }
+            if (dynamic_tiles()) TileRing<Traits>::publish(smem, round, tile_index);
             if (tile_index >= num_tiles) break;
             const TileWork w = tile_work(tile_index);
             const int n_iters = w.n_iters();
@@ -532,7 +540,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 
     // ---- Consumers: warpgroup 1 + c owns tile rows 64 c .. 64 c + 63.
-    ptx90::setmaxnreg_inc<240>();
+    ptx90::setmaxnreg_inc<kConsumerRegisters>();
     const int c = ptx::warp_uniform(warpgroup - 1);  // uniform: so are the Q descriptors
     const int t = tid % 128;
     const int lane = t % 32;
@@ -601,10 +609,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
     int q_round = 0, kv_base = 0;
     auto take_tile = [&](int round) {
-        // The kernel parameter read at each use, not a register held through the tile (the
-        // dropout kernels' consumers have none to spare).
-        return params.sm90_tile_counter != nullptr ? TileRing<Traits>::take(smem, round)
-                                                   : FwdTile::index(round, level_order);
+        return dynamic_tiles() ? TileRing<Traits>::take(smem, round)
+                               : FwdTile::index(round, level_order);
     };
     for (int round = 0, tile_index = take_tile(0); tile_index < num_tiles;
          tile_index = take_tile(++round)) {

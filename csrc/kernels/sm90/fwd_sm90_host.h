@@ -55,13 +55,14 @@ inline bool fwd_supports(const FwdParams& p) {
 
 // Whether the kernel runs persistent, one CTA per SM walking the tiles (fwd_sm90.cuh FwdTile):
 // fixed length without a window, not causal (every tile has the same key blocks: the grid order)
-// or causal. Causal calls take their tiles dynamically (fwd_sm90_dynamic_tiles), which balances
+// or causal. Causal calls (without dropout) take their tiles dynamically (fwd_sm90_dynamic_tiles),
+// which balances
 // the CTAs as the hardware's hand-out of a grid does and keeps the K / V of the few (batch, head)
 // pairs in flight in the L2; against one CTA per tile (an H100, bench/NOTES.md run 230) d256
 // s512-2k 1.04-1.08x, d192 s2k 1.10x, s16k 0.98-1.03x, and the cells the fixed walk ran
 // persistent before gained (d128 s512 / s4k 1.15 / 1.14x over it).
-// With the fixed walk (FLASH_CUDA_SM90_DYNAMIC=0; the tiles' lengths fall with the level order,
-// whose snake keeps the CTAs' work even), the rule before session 48: causal up to 8192 query
+// With the fixed walk (dropout, or FLASH_CUDA_SM90_DYNAMIC=0; the tiles' lengths fall with the
+// level order, whose snake keeps the CTAs' work even), the rule before session 48: causal up to 8192 query
 // rows, at head dims 192 / 256 from 4096, and d192 up to 1024. Measured on the H200 against one
 // CTA per tile (run 156): causal d64 / d128 persistent 1.02-1.38x at s512-8k but 0.96-0.99x at
 // s16k; d256 1.05-1.06x at s4k-8k but 0.81x at s512-1k (the level order puts up to 132 heads'
@@ -75,7 +76,9 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
     if (p.cu_seqlens_q != nullptr || p.window_size_left >= 0) return false;
     if (!p.is_causal) return p.window_size_right < 0;
-    if (env_choice("FLASH_CUDA_SM90_DYNAMIC") != EnvChoice::kOff) return true;  // dynamic tiles
+    if (p.p_keep >= 1.f && env_choice("FLASH_CUDA_SM90_DYNAMIC") != EnvChoice::kOff) {
+        return true;  // dynamic tiles (fwd_sm90_dynamic_tiles)
+    }
     const int head_dim = fwd_kernel_head_dim(p.d);
     return p.seqlen_q <= 8192 &&
            (head_dim < 192 || p.seqlen_q >= 4096 || (head_dim == 192 && p.seqlen_q <= 1024));
@@ -91,13 +94,15 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
 // by its snake but reads the K / V of many pairs at each level (an H100, d128 causal s4k:
 // 1.13-1.24 GB from memory for 201 MB of Q / K / V, dynamic 201 MB; 533 against 464 us;
 // bench/NOTES.md runs 229-230).
+// Only the causal kernels without dropout are built with it (fwd_sm90.cuh kDynamicTiles).
 // FLASH_CUDA_SM90_DYNAMIC in the environment (A/B runs, tests; read per call): "0" never (the
-// fixed walk), another value for every call (non-causal, windows and varlen too: one CTA per tile
-// there then takes no second tile); unset, this rule.
+// fixed walk), another value for every such call (windows and varlen too: one CTA per tile there
+// then takes no second tile); unset, this rule.
 inline bool fwd_sm90_dynamic_tiles(const FwdParams& p) {
+    if (!p.is_causal || p.p_keep < 1.f) return false;
     const EnvChoice env = env_choice("FLASH_CUDA_SM90_DYNAMIC");
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
-    return p.is_causal && fwd_sm90_persistent(p);
+    return fwd_sm90_persistent(p);
 }
 
 // The divisors of the kernel's tile index math (fwd_sm90.cuh FwdTile, the K / V head): 128-row
