@@ -103,8 +103,8 @@ void run_sm90_traits(FwdParams& params) {
                 params.sm90_tile_counter != nullptr ? "dynamic" : "fixed");
     // A persistent grid of 3 CTAs (EMU_NUM_SMS) for every call, whatever the launcher's rule
     // (fwd_sm90_persistent: one CTA per tile for windows and varlen): the CTAs walk several
-    // tiles, so the barrier rounds across tiles (causal: the level order's snake), windows and
-    // varlen included, run here.
+    // tiles, so the barrier rounds across tiles (causal: dynamic tiles, or the level order's snake
+    // with FLASH_CUDA_SM90_DYNAMIC=0), windows and varlen included, run here.
     const char* sms = std::getenv("EMU_NUM_SMS");
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(
         s90::fwd_sm90_tiles(params), sms != nullptr ? std::atoi(sms) : 3)));

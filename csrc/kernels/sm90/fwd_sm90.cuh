@@ -55,7 +55,7 @@
 // dims run the next one up, zero-padded (above).
 // Persistent: each CTA walks the tiles blockIdx.x, + gridDim.x, ... in the order of a grid
 // (m blocks, h, b), or causal in the level order, longest first, in a snake (FwdTile); or, with
-// dynamic tiles (causal calls by default), takes its next tile in the grid's order from a
+// dynamic tiles (causal calls without dropout), takes its next tile in the grid's order from a
 // counter in global memory whenever its producer is done loading one (TileRing). A CTA's
 // barriers run on from one tile to the next, so its producer loads the next tile's Q and first
 // K / V under the last block and the epilogue of the current one. The launcher (fwd_sm90_host.h
@@ -311,13 +311,13 @@ struct FwdTile {
 
 // A CTA's tiles with dynamic tiles (params.sm90_tile_counter; fwd_sm90_host.h
 // fwd_sm90_dynamic_tiles; FwdTile maps the indices): round 0 is tile blockIdx.x; for each later
-// round the producer takes
-// gridDim.x + the counter's old value (an atomic add of 1) once it has issued the previous tile's
-// last K / V load, and hands it to the consumers through a ring of 2 slots in shared memory. Each
-// slot has a full mbarrier (one arrival: the producer's, after storing the index) and an empty one
-// (an arrival per consumer thread, after loading it). An index of num_tiles or more ends both
-// roles' walks (the producer publishes it too). The producer runs at most one round ahead of the
-// slowest consumer's load: it waits for round r - 2's slot to be emptied before storing round r.
+// round the producer takes gridDim.x + the counter's old value (an atomic add of 1) once it has
+// issued the previous tile's last K / V load, and hands it to the consumers through a ring of 2
+// slots in shared memory. Each slot has a full mbarrier (one arrival: the producer's, after
+// storing the index) and an empty one (an arrival per consumer thread, after loading it). An
+// index of num_tiles or more ends both roles' walks (the producer publishes it too). The
+// producer runs at most one round ahead of the slowest consumer's load: it waits for round
+// r - 2's slot to be emptied before storing round r.
 template <typename Traits>
 struct TileRing {
     // Producer (one thread): round `round`'s tile index into its slot.

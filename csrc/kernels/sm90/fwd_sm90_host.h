@@ -55,20 +55,20 @@ inline bool fwd_supports(const FwdParams& p) {
 
 // Whether the kernel runs persistent, one CTA per SM walking the tiles (fwd_sm90.cuh FwdTile):
 // fixed length without a window, not causal (every tile has the same key blocks: the grid order)
-// or causal. Causal calls (without dropout) take their tiles dynamically (fwd_sm90_dynamic_tiles),
-// which balances
-// the CTAs as the hardware's hand-out of a grid does and keeps the K / V of the few (batch, head)
-// pairs in flight in the L2; against one CTA per tile (an H100, bench/NOTES.md run 230) d256
-// s512-2k 1.04-1.08x, d192 s2k 1.10x, s16k 0.98-1.03x, and the cells the fixed walk ran
-// persistent before gained (d128 s512 / s4k 1.15 / 1.14x over it).
+// or causal. Causal calls without dropout take their tiles dynamically (fwd_sm90_dynamic_tiles),
+// which balances the CTAs as the hardware's hand-out of a grid does and keeps the K / V of the
+// few (batch, head) pairs in flight in the L2; against one CTA per tile (an H100, bench/NOTES.md
+// run 230) d256 s512-2k 1.04-1.08x, d192 s2k 1.10x, s16k 0.98-1.03x, and the cells the fixed
+// walk ran persistent before gained (d128 s512 / s4k 1.15 / 1.14x over it).
 // With the fixed walk (dropout, or FLASH_CUDA_SM90_DYNAMIC=0; the tiles' lengths fall with the
-// level order, whose snake keeps the CTAs' work even), the rule before session 48: causal up to 8192 query
-// rows, at head dims 192 / 256 from 4096, and d192 up to 1024. Measured on the H200 against one
-// CTA per tile (run 156): causal d64 / d128 persistent 1.02-1.38x at s512-8k but 0.96-0.99x at
-// s16k; d256 1.05-1.06x at s4k-8k but 0.81x at s512-1k (the level order puts up to 132 heads'
-// K / V in flight); d192 as d256 (run 211). With the level order in chunks (fwd_sm90_tile_chunk;
-// an H100, run 227): d192 s512 / s1k 1.17 / 1.13x, s2k 0.92x; d256 s512-2k 0.93-0.96x. By the
-// kernel's head dim (fwd_kernel_head_dim). Windows and varlen keep one CTA per tile.
+// level order, whose snake keeps the CTAs' work even), the rule before session 48: causal up to
+// 8192 query rows, at head dims 192 / 256 from 4096, and d192 up to 1024. Measured on the H200
+// against one CTA per tile (run 156): causal d64 / d128 persistent 1.02-1.38x at s512-8k but
+// 0.96-0.99x at s16k; d256 1.05-1.06x at s4k-8k but 0.81x at s512-1k (the level order puts up to
+// 132 heads' K / V in flight); d192 as d256 (run 211). With the level order in chunks
+// (fwd_sm90_tile_chunk; an H100, run 227): d192 s512 / s1k 1.17 / 1.13x, s2k 0.92x; d256
+// s512-2k 0.93-0.96x. By the kernel's head dim (fwd_kernel_head_dim). Windows and varlen keep one
+// CTA per tile.
 // FLASH_CUDA_SM90_PERSIST in the environment (A/B runs, read per call): "0" one CTA per tile
 // always, another value persistent always; unset, this rule.
 inline bool fwd_sm90_persistent(const FwdParams& p) {
@@ -105,10 +105,10 @@ inline bool fwd_sm90_dynamic_tiles(const FwdParams& p) {
     return fwd_sm90_persistent(p);
 }
 
-// The divisors of the kernel's tile index math (fwd_sm90.cuh FwdTile, the K / V head): 128-row
-// query blocks, heads, query heads per KV head. A run-time division costs the producer thread
-// (24 registers) more registers than it has (the dynamic tiles' walk spilled 4-24 bytes in 43
-// kernels, session 48's first build). The launcher and the CPU emulator call this.
+// The divisors of the kernel's tile index math (fwd_sm90.cuh FwdTile's grid order, the K / V
+// head): 128-row query blocks, heads, query heads per KV head; a multiply-high and a shift each
+// instead of a run-time division's ~25 instructions (kernels/fast_divisor.h). The launcher and
+// the CPU emulator call this.
 inline void prepare_fwd_sm90_divisors(FwdParams& p) {
     p.num_m_blocks_div = FastDivisor::make(static_cast<int>((fwd_sm90_tiles(p) / p.b) / p.h));
     p.sm90_heads_div = FastDivisor::make(p.h);
