@@ -236,7 +236,10 @@ void run_fwd_kernel(FwdParams& params, [[maybe_unused]] const at::Tensor& q, cud
     if (mode != Sm90Mode::kOff && sm90::fwd_supports(params) && device_is_sm90(q)) {
         params.sm90_pingpong = mode == Sm90Mode::kPingpong;
         at::Tensor tile_counter;  // dynamic tiles: an int the kernel's CTAs count up from zero
-        if (sm90::fwd_sm90_dynamic_tiles(params)) {
+        int num_sms = 0;
+        C10_CUDA_CHECK(
+            cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
+        if (sm90::fwd_sm90_dynamic_tiles(params, num_sms)) {
             tile_counter = at::empty({1}, q.options().dtype(at::kInt));
             C10_CUDA_CHECK(cudaMemsetAsync(tile_counter.data_ptr(), 0, sizeof(int), stream));
             params.sm90_tile_counter = tile_counter.data_ptr<int>();

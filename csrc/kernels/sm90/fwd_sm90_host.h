@@ -94,15 +94,18 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
 // by its snake but reads the K / V of many pairs at each level (an H100, d128 causal s4k:
 // 1.13-1.24 GB from memory for 201 MB of Q / K / V, dynamic 201 MB; 533 against 464 us;
 // bench/NOTES.md runs 229-230).
-// Only the causal kernels without dropout are built with it (fwd_sm90.cuh kDynamicTiles).
+// Only the causal kernels without dropout are built with it (fwd_sm90.cuh kDynamicTiles), and
+// only calls with more tiles than the GPU has SMs (num_sms; fwd_sm90_tile_chunk passes its CTAs,
+// which is the same test) use it: with no second tile for any CTA the counter and its memset
+// (a launch of its own, microseconds against a small call's tens) would buy nothing.
 // FLASH_CUDA_SM90_DYNAMIC in the environment (A/B runs, tests; read per call): "0" never (the
 // fixed walk), another value for every such call (windows and varlen too: one CTA per tile there
 // then takes no second tile); unset, this rule.
-inline bool fwd_sm90_dynamic_tiles(const FwdParams& p) {
+inline bool fwd_sm90_dynamic_tiles(const FwdParams& p, int num_sms) {
     if (!p.is_causal || p.p_keep < 1.f) return false;
     const EnvChoice env = env_choice("FLASH_CUDA_SM90_DYNAMIC");
     if (env != EnvChoice::kRule) return env == EnvChoice::kAll;
-    return fwd_sm90_persistent(p);
+    return fwd_sm90_persistent(p) && fwd_sm90_tiles(p) > num_sms;
 }
 
 // The divisors of the kernel's tile index math (fwd_sm90.cuh FwdTile's grid order, the K / V
@@ -236,7 +239,7 @@ inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_cta
         const long n = std::strtol(env, nullptr, 10);
         return n > 0 ? static_cast<int>(std::min<int64_t>(n, pairs)) : 0;
     }
-    if (fwd_sm90_dynamic_tiles(p)) return 1;
+    if (fwd_sm90_dynamic_tiles(p, num_ctas)) return 1;
     const int64_t kv_bytes = std::max<int64_t>(
         1, 2 * static_cast<int64_t>(p.seqlen_k) * p.d * 2 / std::max(1, p.h_h_k_ratio));
     const int64_t chunk = std::min<int64_t>(l2_bytes / 2 / kv_bytes, pairs);
