@@ -142,8 +142,6 @@ bool run_sm90(FwdParams& params) {
     }
     params.sm90_pingpong = mode == "pingpong";  // as flash_api.cpp
     s90::prepare_fwd_sm90_divisors(params);      // as the launcher
-    params.sm90_tile_chunk =  // an H100's L2 and SMs
-        s90::fwd_sm90_tile_chunk(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
     // Dynamic tiles as the launcher's rule (fwd_sm90_dynamic_tiles), the persistence being forced
     // here: every causal call without dropout unless FLASH_CUDA_SM90_DYNAMIC=0 (windows and
     // varlen too). The blocks run one after another, so block 0 takes every tile but the other
@@ -153,6 +151,8 @@ bool run_sm90(FwdParams& params) {
         flash_cuda::env_choice("FLASH_CUDA_SM90_DYNAMIC") != flash_cuda::EnvChoice::kOff) {
         params.sm90_tile_counter = &tile_counter;
     }
+    params.sm90_tile_chunk =  // as the launcher, after the counter: an H100's L2 and SMs
+        s90::fwd_sm90_tile_chunk(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
     s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {
         run_sm90_traits<Element, Causal, decltype(traits)>(params);
     });

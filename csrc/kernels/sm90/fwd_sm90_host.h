@@ -95,9 +95,10 @@ inline bool fwd_sm90_persistent(const FwdParams& p) {
 // 1.13-1.24 GB from memory for 201 MB of Q / K / V, dynamic 201 MB; 533 against 464 us;
 // bench/NOTES.md runs 229-230).
 // Only the causal kernels without dropout are built with it (fwd_sm90.cuh kDynamicTiles), and
-// only calls with more tiles than the GPU has SMs (num_sms; fwd_sm90_tile_chunk passes its CTAs,
-// which is the same test) use it: with no second tile for any CTA the counter and its memset
-// (a launch of its own, microseconds against a small call's tens) would buy nothing.
+// only calls with more tiles than the GPU has SMs (num_sms) use it: with no second tile for any
+// CTA the counter and its memset (a launch of its own, microseconds against a small call's tens)
+// would buy nothing. The caller decides once, by setting params.sm90_tile_counter, which the
+// launcher (fwd_sm90_tile_chunk) and the kernel then follow.
 // FLASH_CUDA_SM90_DYNAMIC in the environment (A/B runs, tests; read per call): "0" never (the
 // fixed walk), another value for every such call (windows and varlen too: one CTA per tile there
 // then takes no second tile); unset, this rule.
@@ -113,7 +114,7 @@ inline bool fwd_sm90_dynamic_tiles(const FwdParams& p, int num_sms) {
 // instead of a run-time division's ~25 instructions (kernels/fast_divisor.h). The launcher and
 // the CPU emulator call this.
 inline void prepare_fwd_sm90_divisors(FwdParams& p) {
-    p.num_m_blocks_div = FastDivisor::make(static_cast<int>((fwd_sm90_tiles(p) / p.b) / p.h));
+    p.num_m_blocks_div = FastDivisor::make((p.seqlen_q + 127) / 128);  // FwdSm90Traits::kBlockM
     p.sm90_heads_div = FastDivisor::make(p.h);
     p.h_h_k_ratio_div = FastDivisor::make(p.h_h_k_ratio);
 }
@@ -228,10 +229,11 @@ inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
 // whose tiles' lengths differ too much for the snake to even out, and those calls gain little
 // from the L2. FLASH_CUDA_SM90_CHUNK in the environment (tests, A/B runs; read per call): "0" one
 // chunk (the walk before session 47), a number N > 0 chunks of N pairs; unset, this rule.
-// With dynamic tiles (fwd_sm90_dynamic_tiles): chunks of 1 pair, i.e. the grid's order (each
-// pair's query blocks longest first, pair after pair). The level order in the L2's chunks with
-// dynamic tiles (no round to balance then) lost 0.92-0.97x to it at causal s512 on every head
-// dim, and was 0.93-1.06x on the longer calls (an H100, bench/NOTES.md run 232).
+// With dynamic tiles (p.sm90_tile_counter set: fwd_sm90_dynamic_tiles): chunks of 1 pair, i.e.
+// the grid's order (each pair's query blocks longest first, pair after pair). The level order in
+// the L2's chunks with dynamic tiles (no round to balance then) lost 0.92-0.97x to it at causal
+// s512 on every head dim, and was 0.93-1.06x on the longer calls (an H100, bench/NOTES.md run
+// 232).
 inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_ctas) {
     const int64_t pairs = static_cast<int64_t>(p.b) * p.h;
     const char* env = std::getenv("FLASH_CUDA_SM90_CHUNK");
@@ -239,7 +241,7 @@ inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_cta
         const long n = std::strtol(env, nullptr, 10);
         return n > 0 ? static_cast<int>(std::min<int64_t>(n, pairs)) : 0;
     }
-    if (fwd_sm90_dynamic_tiles(p, num_ctas)) return 1;
+    if (p.sm90_tile_counter != nullptr) return 1;
     const int64_t kv_bytes = std::max<int64_t>(
         1, 2 * static_cast<int64_t>(p.seqlen_k) * p.d * 2 / std::max(1, p.h_h_k_ratio));
     const int64_t chunk = std::min<int64_t>(l2_bytes / 2 / kv_bytes, pairs);
