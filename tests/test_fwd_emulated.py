@@ -193,6 +193,24 @@ def test_level_order_chunks_emulated_sm90(d, chunk, walk, monkeypatch):
     assert f"{walk} tiles" in driver.LAST_STDOUT
 
 
+@pytest.mark.parametrize("chunk", ("1", "3"))
+@pytest.mark.parametrize("tail", ("3", "8"))
+@pytest.mark.parametrize("d", (64, 128))
+def test_tail_pairs_emulated_sm90(d, tail, chunk, monkeypatch):
+    """Dynamic tiles whose last pairs form a level-order chunk of their own
+    (FLASH_CUDA_SM90_TAIL; fwd_sm90_host.h fwd_sm90_tail_pairs, whose rule takes none at 3 query
+    tiles per pair): 3 CTAs, 2 x 4 pairs (GQA 2) of 3 query tiles, a tail of 3 pairs (before it
+    chunks of 1, or of 3 and one of 2) or of all 8. A tile missed or taken twice leaves
+    NaN-poisoned rows or hangs the ring."""
+    monkeypatch.setenv("FLASH_CUDA_SM90_TAIL", tail)
+    monkeypatch.setenv("FLASH_CUDA_SM90_CHUNK", chunk)
+    gen = torch.Generator().manual_seed(d + int(tail))
+    q, k, v = make_qkv(2, 328, 300, 4, 2, d, torch.bfloat16, gen=gen, device="cpu")
+    out, lse = run_sm90(q, k, v, causal=True)
+    assert_close_to_oracle(out, lse, q, k, v, causal=True)
+    assert f"dynamic tiles, a tail of {tail} pairs" in driver.LAST_STDOUT
+
+
 @pytest.mark.parametrize("feature,variant", [("causal", True), ("causal", "pingpong"),
                                              ("causal_window", True), ("varlen", True)])
 @pytest.mark.parametrize("d", (64, 128, 192, 256))

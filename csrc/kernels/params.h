@@ -180,6 +180,9 @@ struct FwdParams : public QKVParams {
     // sm90 forward, causal persistent calls (the level order, fwd_sm90.cuh FwdTile): the (batch,
     // head) pairs per chunk of the walk (fwd_sm90_host.h fwd_sm90_tile_chunk); 0: one chunk.
     int sm90_tile_chunk;
+    // sm90 forward with dynamic tiles: the (batch, head) pairs at the end of the walk taken in
+    // the level order, as one chunk of their own (fwd_sm90_host.h fwd_sm90_tail_pairs); 0: none.
+    int sm90_tail_pairs;
     // sm90 forward, persistent calls with dynamic tiles (fwd_sm90_host.h fwd_sm90_dynamic_tiles):
     // one int, zeroed before the launch, from which each CTA takes its next tile (atomicAdd);
     // nullptr: each CTA walks its tiles in a fixed order.

@@ -97,10 +97,11 @@ void run_sm90_traits(FwdParams& params) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
         std::exit(2);
     }
-    std::printf("emulator: sm90 forward%s, key blocks of %d, O stored %s, %s tiles\n",
+    std::printf("emulator: sm90 forward%s, key blocks of %d, O stored %s, %s tiles, a tail of "
+                "%d pairs\n",
                 Traits::kPingpong ? " (pingpong)" : "", Traits::kBlockN,
                 Traits::kStoreOByTma ? "by TMA" : "from registers",
-                params.sm90_tile_counter != nullptr ? "dynamic" : "fixed");
+                params.sm90_tile_counter != nullptr ? "dynamic" : "fixed", params.sm90_tail_pairs);
     // A persistent grid of 3 CTAs (EMU_NUM_SMS) for every call, whatever the launcher's rule
     // (fwd_sm90_persistent: one CTA per tile for windows and varlen): the CTAs walk several
     // tiles, so the barrier rounds across tiles (causal: dynamic tiles, or the level order's snake
@@ -153,6 +154,8 @@ bool run_sm90(FwdParams& params) {
     }
     params.sm90_tile_chunk =  // as the launcher, after the counter: an H100's L2 and SMs
         s90::fwd_sm90_tile_chunk(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
+    params.sm90_tail_pairs =
+        s90::fwd_sm90_tail_pairs(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
     s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {
         run_sm90_traits<Element, Causal, decltype(traits)>(params);
     });

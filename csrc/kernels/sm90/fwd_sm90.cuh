@@ -263,7 +263,9 @@ struct Sm90Smem {
 // (fwd_sm90_host.h fwd_sm90_tile_chunk; the last chunk may be shorter), chunk after chunk;
 // inside a chunk the m blocks are the slowest index, last to first, then the batch, the head
 // fastest (a GQA group's heads together). Dynamic tiles take chunks of one pair by default: the
-// grid's order, each pair's blocks longest first. The fixed walk takes as many pairs as the L2
+// grid's order, each pair's blocks longest first; but their last `tail` pairs (fwd_sm90_host.h
+// fwd_sm90_tail_pairs) form one chunk of their own, so that the last tiles handed out are the
+// short ones of several pairs, not the long ones of the last pair. The fixed walk takes as many pairs as the L2
 // holds the K / V of, and its CTAs walk the rounds of gridDim.x tiles in a snake (index): the
 // tiles shorten as t grows within a chunk, so a CTA that takes one of a round's longer tiles
 // takes one of the next round's shorter ones, and the CTAs' work stays even (a plain walk gives
@@ -282,16 +284,24 @@ struct FwdTile {
     }
     // m_div / h_div: the query blocks per (batch, head) and the heads (FwdParams::
     // num_m_blocks_div / sm90_heads_div, set by prepare_fwd_sm90_divisors).
+    // tail: the pairs of the last chunk, or 0 (FwdParams::sm90_tail_pairs).
     __device__ __forceinline__ static FwdTile make(int t, const FastDivisor& m_div,
                                                    const FastDivisor& h_div, int batches,
-                                                   bool causal, bool level_order, int chunk) {
+                                                   bool causal, bool level_order, int chunk,
+                                                   int tail) {
         FwdTile tile;
         const int num_m_blocks = m_div.value(), heads = h_div.value();
         if (level_order) {
-            const int pairs = batches * heads;
-            chunk = chunk > 0 && chunk < pairs ? chunk : pairs;
-            const int first = t / (chunk * num_m_blocks) * chunk;  // the chunk's first pair
-            const int per_level = min(chunk, pairs - first);       // the pairs in this chunk
+            const int body = batches * heads - tail;  // the pairs before the tail
+            int first, per_level;  // the chunk's first pair and its pairs
+            if (t >= body * num_m_blocks) {
+                first = body;
+                per_level = tail;
+            } else {
+                chunk = chunk > 0 && chunk < body ? chunk : body;
+                first = t / (chunk * num_m_blocks) * chunk;
+                per_level = min(chunk, body - first);
+            }
             const int in_chunk = t - first * num_m_blocks;
             const int level = in_chunk / per_level;
             const int pair = first + (in_chunk - level * per_level);
@@ -439,7 +449,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto tile_work = [&](int t) {
         TileWork w;
         w.tile = FwdTile::make(t, params.num_m_blocks_div, params.sm90_heads_div, params.b,
-                               Causal, level_order, params.sm90_tile_chunk);
+                               Causal, level_order, params.sm90_tile_chunk,
+                               params.sm90_tail_pairs);
         w.seq = sm80::SequenceInfo::make(params, w.tile.batch);
         w.m0 = w.tile.m_block * kBlockM;
         w.valid_q_rows = min(kBlockM, w.seq.seqlen_q - w.m0);
