@@ -49,12 +49,15 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
 # calls before session 48 took their tiles that way); flash_cuda_chunk1 walks a causal persistent
 # call's pairs one at a time (FLASH_CUDA_SM90_CHUNK=1: with dynamic tiles, the grid's order);
 # flash_cuda_tail0 takes no level-order tail with dynamic tiles (FLASH_CUDA_SM90_TAIL=0,
-# fwd_sm90_tail_pairs: the grid's order to the end, the walk of session 48).
+# fwd_sm90_tail_pairs: the grid's order to the end, the walk of session 48), flash_cuda_tail33 a
+# tail of 33 pairs at every length (the A/B of s512, where the rule takes none: fewer than 8
+# query blocks a pair).
 PREFILL_ENV_IMPLS = {"flash_cuda_bwd256": ("FLASH_CUDA_SM90_BWD192", "0"),
                      "flash_cuda_chunk0": ("FLASH_CUDA_SM90_CHUNK", "0"),
                      "flash_cuda_fixed": ("FLASH_CUDA_SM90_DYNAMIC", "0"),
                      "flash_cuda_chunk1": ("FLASH_CUDA_SM90_CHUNK", "1"),
                      "flash_cuda_tail0": ("FLASH_CUDA_SM90_TAIL", "0"),
+                     "flash_cuda_tail33": ("FLASH_CUDA_SM90_TAIL", "33"),
                      "flash_cuda_persist": ("FLASH_CUDA_SM90_PERSIST", "1"),
                      "flash_cuda_tile": ("FLASH_CUDA_SM90_PERSIST", "0")}
 BWD_ENV_IMPLS = ("flash_cuda_bwd256",)

@@ -265,13 +265,13 @@ struct Sm90Smem {
 // fastest (a GQA group's heads together). Dynamic tiles take chunks of one pair by default: the
 // grid's order, each pair's blocks longest first; but their last `tail` pairs (fwd_sm90_host.h
 // fwd_sm90_tail_pairs) form one chunk of their own, so that the last tiles handed out are the
-// short ones of several pairs, not the long ones of the last pair. The fixed walk takes as many pairs as the L2
-// holds the K / V of, and its CTAs walk the rounds of gridDim.x tiles in a snake (index): the
-// tiles shorten as t grows within a chunk, so a CTA that takes one of a round's longer tiles
-// takes one of the next round's shorter ones, and the CTAs' work stays even (a plain walk gives
-// CTA gridDim.x - 1 the shorter tile of every round). Without the chunks (one chunk of all the
-// pairs) every level would read every head's K / V again, from memory once they no longer fit
-// the L2.
+// short ones of several pairs, not the long ones of the last pair. The fixed walk takes as many
+// pairs as the L2 holds the K / V of, and its CTAs walk the rounds of gridDim.x tiles in a snake
+// (index): the tiles shorten as t grows within a chunk, so a CTA that takes one of a round's
+// longer tiles takes one of the next round's shorter ones, and the CTAs' work stays even (a plain
+// walk gives CTA gridDim.x - 1 the shorter tile of every round). Without the chunks (one chunk of
+// all the pairs) every level would read every head's K / V again, from memory once they no longer
+// fit the L2.
 struct FwdTile {
     int m_block, batch, head;
     // The CTA's tile in its round r (r = 0, 1, ...; the walk ends at the first index past the
