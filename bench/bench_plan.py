@@ -50,8 +50,8 @@ DECODE_ENV_IMPLS = {"flash_cuda_cwarp": ("FLASH_CUDA_COMBINE_ROW", "0"),
 # call's pairs one at a time (FLASH_CUDA_SM90_CHUNK=1: with dynamic tiles, the grid's order);
 # flash_cuda_tail0 takes no level-order tail with dynamic tiles (FLASH_CUDA_SM90_TAIL=0,
 # fwd_sm90_tail_pairs: the grid's order to the end, the walk of session 48), flash_cuda_tail33 a
-# tail of 33 pairs at every length (the A/B of s512, where the rule takes none: fewer than 8
-# query blocks a pair).
+# tail of 33 pairs at every length (the A/B of s512 in run 234, where the rule then took none;
+# it now takes 33 there too).
 PREFILL_ENV_IMPLS = {"flash_cuda_bwd256": ("FLASH_CUDA_SM90_BWD192", "0"),
                      "flash_cuda_chunk0": ("FLASH_CUDA_SM90_CHUNK", "0"),
                      "flash_cuda_fixed": ("FLASH_CUDA_SM90_DYNAMIC", "0"),

@@ -202,21 +202,22 @@ def test_level_order_chunks_sm90(chunk, d, walk, monkeypatch):
     base.assert_close_to_oracle(out, lse, q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("tail", ("0", "5", "48", None), ids=("none", "5", "all", "rule"))
+@pytest.mark.parametrize("tail,rows", [("0", 1000), ("5", 1000), ("48", 1000), (None, 1000),
+                                       (None, 500)], ids=("none", "5", "all", "rule", "rule500"))
 @pytest.mark.parametrize("chunk", ("1", "7"))
 @pytest.mark.parametrize("d", HEAD_DIMS)
-def test_tail_pairs_sm90(tail, chunk, d, monkeypatch):
+def test_tail_pairs_sm90(tail, rows, chunk, d, monkeypatch):
     """Dynamic tiles whose last (batch, head) pairs form a level-order chunk of their own
     (FLASH_CUDA_SM90_TAIL; None: the launcher's rule, fwd_sm90_tail_pairs, here 33 pairs at 132
-    SMs): 2 x 24 pairs (GQA 3) of 8 query tiles, more tiles than SMs, a tail of none, of 5 (the
-    chunks of 7 before it: six and one of 1), or of all 48; persistent at every head dim. Against
-    the oracle, out and lse poisoned first."""
+    SMs): 2 x 24 pairs (GQA 3) of 8 query tiles (4 at 500 rows), more tiles than SMs, a tail of
+    none, of 5 (the chunks of 7 before it: six and one of 1), or of all 48; persistent at every
+    head dim. Against the oracle, out and lse poisoned first."""
     if tail is not None:
         monkeypatch.setenv("FLASH_CUDA_SM90_TAIL", tail)
     monkeypatch.setenv("FLASH_CUDA_SM90_CHUNK", chunk)
     monkeypatch.setenv("FLASH_CUDA_SM90_PERSIST", "1")
-    q, k, v = base.make_qkv(2, 1000, 1000, 24, 8, d, torch.bfloat16)
-    base.poison_allocator(q.numel() * 2 + 2 * 1000 * 24 * 4)
+    q, k, v = base.make_qkv(2, rows, rows, 24, 8, d, torch.bfloat16)
+    base.poison_allocator(q.numel() * 2 + 2 * rows * 24 * 4)
     out, lse = base.fwd(q, k, v, causal=True)
     base.assert_close_to_oracle(out, lse, q, k, v, causal=True)
 

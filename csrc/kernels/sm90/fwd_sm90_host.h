@@ -251,18 +251,17 @@ inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_cta
 // The (batch, head) pairs at the end of a walk with dynamic tiles (p.sm90_tile_counter set) that
 // form a chunk of their own in the level order (fwd_sm90.cuh FwdTile; FwdParams::
 // sm90_tail_pairs), or 0. In the grid's order the last pair's longest query block (num_m_blocks
-// key blocks) is handed out when the CTAs have about one pair's work left between them; with
-// many query blocks per pair (long calls) the CTA that takes it then runs alone at the end (an
-// H100, bench/NOTES.md run 231: s8k 0.87-0.98x the fixed walk, whose level order hands out the
-// longest tiles first). With the last pairs in the level order their longest tiles go first and
-// the call ends on short ones. The tail takes the pairs of twice the CTAs' count of tiles (a
-// list-scheduling model of the tiles put 2x within 1% of 4x and 8x), as many as the L2 holds
-// twice the K and V of, at most (the level order keeps all of them in flight), and is used from
-// 8 query blocks per pair (1024 rows): shorter calls end on many pairs' short tiles anyway.
-// Measured against no tail (an H100, bench/NOTES.md run 233, causal): s1k-4k d64 1.00-1.02x,
-// d128 1.04-1.05x, d192 / d256 1.05-1.08x; s8k / s16k within that machine's noise.
-// FLASH_CUDA_SM90_TAIL in the environment (tests, A/B runs; read per call): a number N >= 0, a
-// tail of N pairs (0: none); unset, this rule.
+// key blocks) is handed out when the CTAs have about one pair's work left between them, and the
+// CTA that takes it may run alone at the end. With the last pairs in the level order their
+// longest tiles go first and the call ends on short ones. The tail takes the pairs of twice the
+// CTAs' count of tiles (a list-scheduling model of the tiles put 2x within 1% of 4x and 8x), at
+// most a quarter of the CTAs' count of pairs (s512: 33 at 132 SMs; each pair then has CTAs
+// enough to read its K / V together) and as many as the L2 holds twice the K and V of, from 4
+// query blocks per pair (512 rows). Measured against no tail (an H100, bench/NOTES.md runs
+// 233-234, causal): s1k-4k d64 1.00-1.03x, d128 1.00-1.05x, d192 / d256 1.02-1.08x; s8k
+// 0.95-1.08x and s16k within that machine's noise; at s512 a tail of 33 pairs 1.01-1.04x (run
+// 234, one process). FLASH_CUDA_SM90_TAIL in the environment (tests, A/B runs; read per call): a
+// number N >= 0, a tail of N pairs (0: none); unset, this rule.
 inline int fwd_sm90_tail_pairs(const FwdParams& p, int64_t l2_bytes, int num_ctas) {
     if (p.sm90_tile_counter == nullptr) return 0;
     const int64_t pairs = static_cast<int64_t>(p.b) * p.h;
@@ -272,11 +271,11 @@ inline int fwd_sm90_tail_pairs(const FwdParams& p, int64_t l2_bytes, int num_cta
         return static_cast<int>(std::clamp<int64_t>(n, 0, pairs));
     }
     const int64_t num_m_blocks = (p.seqlen_q + 127) / 128;  // FwdSm90Traits::kBlockM
-    if (num_m_blocks < 8) return 0;
+    if (num_m_blocks < 4) return 0;
     const int64_t kv_bytes = std::max<int64_t>(
         1, 2 * static_cast<int64_t>(p.seqlen_k) * p.d * 2 / std::max(1, p.h_h_k_ratio));
     const int64_t tail = std::min({(2 * num_ctas + num_m_blocks - 1) / num_m_blocks,
-                                   std::max<int64_t>(1, l2_bytes / 2 / kv_bytes), pairs});
+                                   int64_t{num_ctas + 3} / 4, l2_bytes / 2 / kv_bytes, pairs});
     return tail >= 2 ? static_cast<int>(tail) : 0;
 }
 
