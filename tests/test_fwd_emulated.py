@@ -211,6 +211,20 @@ def test_tail_pairs_emulated_sm90(d, tail, chunk, monkeypatch):
     assert f"dynamic tiles, a tail of {tail} pairs" in driver.LAST_STDOUT
 
 
+@pytest.mark.parametrize("rows,tail", [(328, 0), (520, 4)])
+def test_tail_pairs_rule_emulated_sm90(rows, tail):
+    """The launcher's tail rule (fwd_sm90_host.h fwd_sm90_tail_pairs, as the emulator asks it:
+    an H100's 132 SMs and 50 MB of L2): none at 3 query blocks a pair; from 4 blocks (520 rows:
+    5) a tail, here all 4 pairs of the call (1 x 4 heads, GQA 2, d64; 20 CTAs: the pairs of 40
+    tiles, at most 5, capped by the call's 4), the whole call in the level order. Against the
+    oracle."""
+    gen = torch.Generator().manual_seed(rows)
+    q, k, v = make_qkv(1, rows, rows, 4, 2, 64, torch.bfloat16, gen=gen, device="cpu")
+    out, lse = run_sm90(q, k, v, causal=True)
+    assert_close_to_oracle(out, lse, q, k, v, causal=True)
+    assert f"dynamic tiles, a tail of {tail} pairs" in driver.LAST_STDOUT
+
+
 @pytest.mark.parametrize("feature,variant", [("causal", True), ("causal", "pingpong"),
                                              ("causal_window", True), ("varlen", True)])
 @pytest.mark.parametrize("d", (64, 128, 192, 256))
