@@ -255,13 +255,13 @@ inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_cta
 // CTA that takes it may run alone at the end. With the last pairs in the level order their
 // longest tiles go first and the call ends on short ones. The tail takes the pairs of twice the
 // CTAs' count of tiles (a list-scheduling model of the tiles put 2x within 1% of 4x and 8x), at
-// most a quarter of the CTAs' count of pairs (s512: 33 at 132 SMs; each pair then has CTAs
-// enough to read its K / V together) and as many as the L2 holds twice the K and V of, from 4
-// query blocks per pair (512 rows). Measured against no tail (an H100, bench/NOTES.md runs
-// 233-234, causal): s1k-4k d64 1.00-1.03x, d128 1.00-1.05x, d192 / d256 1.02-1.08x; s8k
-// 0.95-1.08x and s16k within that machine's noise; at s512 a tail of 33 pairs 1.01-1.04x (run
-// 234, one process). FLASH_CUDA_SM90_TAIL in the environment (tests, A/B runs; read per call): a
-// number N >= 0, a tail of N pairs (0: none); unset, this rule.
+// most a quarter of the CTAs' count of pairs (s512 / s1k: 33 at 132 SMs, the tail measured
+// there; the model put 66 within 1% of 33 at s512) and as many as the L2 holds twice the K and V
+// of, from 4 query blocks per pair (512 rows). Measured against no tail (an H100, bench/NOTES.md
+// runs 233-235, causal): s512 1.01-1.04x, s1k-4k d64 1.00-1.03x, d128 1.00-1.05x, d192 / d256
+// 1.02-1.08x; s8k 0.95-1.08x and s16k within that machine's noise. FLASH_CUDA_SM90_TAIL in the
+// environment (tests, A/B runs; read per call): a number N >= 0, a tail of N pairs (0: none);
+// unset, this rule.
 inline int fwd_sm90_tail_pairs(const FwdParams& p, int64_t l2_bytes, int num_ctas) {
     if (p.sm90_tile_counter == nullptr) return 0;
     const int64_t pairs = static_cast<int64_t>(p.b) * p.h;
