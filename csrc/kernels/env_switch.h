@@ -22,4 +22,13 @@ inline EnvChoice env_choice(const char* name) {
     return value[0] == '0' && value[1] == '\0' ? EnvChoice::kOff : EnvChoice::kAll;
 }
 
+// A number switch (read per call): false when unset or empty (the rule); else true, and
+// *value is the variable read as a decimal number (strtol: 0 without leading digits).
+inline bool env_number(const char* name, long* value) {
+    const char* text = std::getenv(name);
+    if (text == nullptr || text[0] == '\0') return false;
+    *value = std::strtol(text, nullptr, 10);
+    return true;
+}
+
 }  // namespace flash_cuda

@@ -218,10 +218,18 @@ inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
     return p.is_causal ? p.seqlen_q <= 2048 : p.seqlen_k <= 1024;
 }
 
+// The bytes of K and V that one (batch, head) pair of a call reads (seqlen_k rows of d 2-byte
+// columns each; a GQA group's heads share theirs, so a pair counts its share): the unit of the
+// L2 caps of fwd_sm90_tile_chunk and fwd_sm90_tail_pairs.
+inline int64_t fwd_sm90_pair_kv_bytes(const FwdParams& p) {
+    return std::max<int64_t>(
+        1, 2 * static_cast<int64_t>(p.seqlen_k) * p.d * 2 / std::max(1, p.h_h_k_ratio));
+}
+
 // The (batch, head) pairs per chunk of a causal persistent call's level order (fwd_sm90.cuh
 // FwdTile; FwdParams::sm90_tile_chunk), or 0 for one chunk of all: as many as the L2 (l2_bytes)
-// holds twice the K and V of (a GQA group's heads share theirs; d columns of 2 bytes), if that
-// is at least a sixth of the CTAs (num_ctas, fwd_sm90_ctas), else 0. Without chunks every level
+// holds twice the K and V of (fwd_sm90_pair_kv_bytes), if that is at least a sixth of the CTAs
+// (num_ctas, fwd_sm90_ctas), else 0. Without chunks every level
 // re-reads every head's K / V, from memory once they no longer fit the L2. Measured on an H100
 // (bench/NOTES.md run 224, causal, against one chunk): d128 s512 / s1k / s2k 1.28 / 1.38 /
 // 1.40x, d64 s512-4k 1.08-1.15x (chunks of 25+ pairs); with chunks of 12 or fewer (d128 s4k,
@@ -236,15 +244,12 @@ inline bool fwd_sm90_store_o_by_tma(const FwdParams& p) {
 // 232).
 inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_ctas) {
     const int64_t pairs = static_cast<int64_t>(p.b) * p.h;
-    const char* env = std::getenv("FLASH_CUDA_SM90_CHUNK");
-    if (env != nullptr && env[0] != '\0') {
-        const long n = std::strtol(env, nullptr, 10);
+    long n = 0;
+    if (env_number("FLASH_CUDA_SM90_CHUNK", &n)) {
         return n > 0 ? static_cast<int>(std::min<int64_t>(n, pairs)) : 0;
     }
     if (p.sm90_tile_counter != nullptr) return 1;
-    const int64_t kv_bytes = std::max<int64_t>(
-        1, 2 * static_cast<int64_t>(p.seqlen_k) * p.d * 2 / std::max(1, p.h_h_k_ratio));
-    const int64_t chunk = std::min<int64_t>(l2_bytes / 2 / kv_bytes, pairs);
+    const int64_t chunk = std::min<int64_t>(l2_bytes / 2 / fwd_sm90_pair_kv_bytes(p), pairs);
     return 6 * chunk >= num_ctas ? static_cast<int>(chunk) : 0;
 }
 
@@ -265,17 +270,15 @@ inline int fwd_sm90_tile_chunk(const FwdParams& p, int64_t l2_bytes, int num_cta
 inline int fwd_sm90_tail_pairs(const FwdParams& p, int64_t l2_bytes, int num_ctas) {
     if (p.sm90_tile_counter == nullptr) return 0;
     const int64_t pairs = static_cast<int64_t>(p.b) * p.h;
-    const char* env = std::getenv("FLASH_CUDA_SM90_TAIL");
-    if (env != nullptr && env[0] != '\0') {
-        const long n = std::strtol(env, nullptr, 10);
+    long n = 0;
+    if (env_number("FLASH_CUDA_SM90_TAIL", &n)) {
         return static_cast<int>(std::clamp<int64_t>(n, 0, pairs));
     }
     const int64_t num_m_blocks = (p.seqlen_q + 127) / 128;  // FwdSm90Traits::kBlockM
     if (num_m_blocks < 4) return 0;
-    const int64_t kv_bytes = std::max<int64_t>(
-        1, 2 * static_cast<int64_t>(p.seqlen_k) * p.d * 2 / std::max(1, p.h_h_k_ratio));
-    const int64_t tail = std::min({(2 * num_ctas + num_m_blocks - 1) / num_m_blocks,
-                                   int64_t{num_ctas + 3} / 4, l2_bytes / 2 / kv_bytes, pairs});
+    const int64_t tail =
+        std::min({(2 * num_ctas + num_m_blocks - 1) / num_m_blocks, int64_t{num_ctas + 3} / 4,
+                  l2_bytes / 2 / fwd_sm90_pair_kv_bytes(p), pairs});
     return tail >= 2 ? static_cast<int>(tail) : 0;
 }
 
