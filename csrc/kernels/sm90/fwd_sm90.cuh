@@ -19,9 +19,9 @@
 //                      to A fragments in place), V MN-major from shared memory (RS)
 //       l += P 1       wgmma m64 n8 k16 beside each P V step, B = 1024 bytes of ones in shared
 //                      memory: the row sums of the same rounded P that P V multiplies, on the
-//                      tensor cores (no ALU work per score), rescaled with O -- at d64 and when
-//                      causal; else FADDs of the 16-bit P per thread (add_p_row_sums),
-//                      quad-reduced at the epilogue (kRowSumsOnTensorCores)
+//                      tensor cores (no ALU work per score), rescaled with O -- when causal
+//                      and in d64's 128-key kernel; else FADDs of the 16-bit P per thread
+//                      (add_p_row_sums), quad-reduced at the epilogue (kRowSumsOnTensorCores)
 //       dropout        (DropoutTraits) P's A fragments masked after the FADD row sums, under
 //                      the next S (dropout.cuh apply_dropout_via_smem at d64 / d128, with a
 //                      scratch of 2 KB (d64) / 1 KB (d128) per consumer warp;
@@ -411,13 +411,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     using PTile = typename Traits::PTile;
 
     // Where the row sums l = P 1 are formed (both from the same rounded P that P V multiplies):
-    // on the tensor cores (a wgmma m64 n8 beside each P V step, against ones) at d64 and in the
-    // causal kernels, where the consumers' ALU work limits; else by FADDs (add_p_row_sums),
-    // where the extra wgmma costs more tensor-core time than the adds cost (d128 / d256
-    // non-causal: 0.89-1.00x; bench/NOTES.md run 160).
+    // on the tensor cores (a wgmma m64 n8 beside each P V step, against ones) in the causal
+    // kernels and the d64 128-key kernel, where the consumers' ALU work limits; else by FADDs
+    // (add_p_row_sums), where the extra wgmma costs more tensor-core time than the adds cost
+    // (d128 / d256 non-causal: 0.89-1.00x, bench/NOTES.md run 160; d64's 192-key blocks, the
+    // long non-causal calls: FADDs 1.03x, 128-key d64 calls 0.94-0.98x, run 240).
     // Dropout: by FADDs (the row sums are of the undropped P, the P V operand is dropped).
     constexpr bool kDropout = Traits::kDropout;
-    constexpr bool kRowSumsOnTensorCores = (Traits::kHeadDim == 64 || Causal) && !kDropout;
+    constexpr bool kRowSumsOnTensorCores =
+        (Causal || (Traits::kHeadDim == 64 && kBlockN == 128)) && !kDropout;
     static_assert(!kDropout || (!HasAlibi && !HasSoftcap), "dropout without softcap / ALiBi");
     const Sm90Smem<Traits> smem = Sm90Smem<Traits>::make();
     const int tid = threadIdx.x;
