@@ -131,6 +131,29 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], cons
     apply_mask_positions(s, range, pos, col0);
 }
 
+// The same where the block is known to lie at or past every row's begin (the caller tested
+// it), so only the end is checked: one compare and one select per element, where apply_mask
+// spends two compares (the sm90 forward's causal blocks without a window).
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_mask_end(float (&s)[kMTiles][kNTiles][4],
+                                               const KeyRange& range, int row0, int col0) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = row0 + 16 * mt + 8 * half;
+            const int end = min(range.seqlen_k, row + range.end_shift) - col0;
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    if (8 * nt + c >= end) s[mt][nt][2 * half + c] = -INFINITY;
+                }
+            }
+        }
+    }
+}
+
 // Head groups (sm80/fwd.cuh; kernels/decode.h pack_head_groups): s = -inf where the key
 // column's KV head, col % G (group_mask = G - 1), is not the row's. row_head[mt][half] is the
 // KV head in the group of the rows of s[mt][*][2 half + c] (>= G for rows past the group's

@@ -722,9 +722,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if constexpr (HasAlibi) {
                 apply_alibi(s_frag, score_scale, alibi_slope, frag_row0 + w.mask.diag, frag_col0);
             }
-            const bool block_needs_mask = (n_block + 1) * kBlockN > unmasked_keys_end ||
-                                          n_block * kBlockN < unmasked_keys_begin;
-            if (block_needs_mask) apply_mask(s_frag, key_range, frag_row0, frag_col0);
+            // Blocks that cross the window's begin: both edges tested; blocks that cross only
+            // the end (all causal blocks without a window): one compare per element
+            // (mask.cuh apply_mask_end).
+            if (n_block * kBlockN < unmasked_keys_begin) {
+                apply_mask(s_frag, key_range, frag_row0, frag_col0);
+            } else if ((n_block + 1) * kBlockN > unmasked_keys_end) {
+                apply_mask_end(s_frag, key_range, frag_row0, frag_col0);
+            }
         };
 
         wait_phase(smem.full_q(), q_round & 1);
