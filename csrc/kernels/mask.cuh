@@ -93,8 +93,10 @@ struct KeyRange {
 // s = -inf where the key is not visible (only called for blocks that touch a mask edge), with
 // explicit query positions per fragment row: pos[mt][half] is the query row of
 // s[mt][*][2 half + c] (sequence coordinates; GQA-packed tiles pass (position, head) rows'
-// positions), col0 the key of s[*][0][0].
-template <int kMTiles, int kNTiles>
+// positions), col0 the key of s[*][0][0]. kCheckBegin = false: the caller knows the block lies
+// at or past every row's begin, and only the end is tested (one compare per element instead of
+// two; the sm90 forward's causal blocks without a window).
+template <int kMTiles, int kNTiles, bool kCheckBegin = true>
 __device__ __forceinline__ void apply_mask_positions(float (&s)[kMTiles][kNTiles][4],
                                                      const KeyRange& range,
                                                      const int (&pos)[kMTiles][2], int col0) {
@@ -110,7 +112,9 @@ __device__ __forceinline__ void apply_mask_positions(float (&s)[kMTiles][kNTiles
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const int col = 8 * nt + c;
-                    if (col < begin || col >= end) s[mt][nt][2 * half + c] = -INFINITY;
+                    if ((kCheckBegin && col < begin) || col >= end) {
+                        s[mt][nt][2 * half + c] = -INFINITY;
+                    }
                 }
             }
         }
@@ -119,7 +123,7 @@ __device__ __forceinline__ void apply_mask_positions(float (&s)[kMTiles][kNTiles
 
 // The same for a tile of consecutive query rows: row0 / col0 are the query row and key of the
 // thread's element s[0][0][0] (sequence coordinates).
-template <int kMTiles, int kNTiles>
+template <bool kCheckBegin = true, int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], const KeyRange& range,
                                            int row0, int col0) {
     int pos[kMTiles][2];
@@ -128,30 +132,7 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], cons
         pos[mt][0] = row0 + 16 * mt;
         pos[mt][1] = row0 + 16 * mt + 8;
     }
-    apply_mask_positions(s, range, pos, col0);
-}
-
-// The same where the block is known to lie at or past every row's begin (the caller tested
-// it), so only the end is checked: one compare and one select per element, where apply_mask
-// spends two compares (the sm90 forward's causal blocks without a window).
-template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void apply_mask_end(float (&s)[kMTiles][kNTiles][4],
-                                               const KeyRange& range, int row0, int col0) {
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = row0 + 16 * mt + 8 * half;
-            const int end = min(range.seqlen_k, row + range.end_shift) - col0;
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    if (8 * nt + c >= end) s[mt][nt][2 * half + c] = -INFINITY;
-                }
-            }
-        }
-    }
+    apply_mask_positions<kMTiles, kNTiles, kCheckBegin>(s, range, pos, col0);
 }
 
 // Head groups (sm80/fwd.cuh; kernels/decode.h pack_head_groups): s = -inf where the key

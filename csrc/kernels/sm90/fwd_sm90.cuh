@@ -723,12 +723,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 apply_alibi(s_frag, score_scale, alibi_slope, frag_row0 + w.mask.diag, frag_col0);
             }
             // Blocks that cross the window's begin: both edges tested; blocks that cross only
-            // the end (all causal blocks without a window): one compare per element
-            // (mask.cuh apply_mask_end).
+            // the end (all causal blocks without a window): the end only, one compare per
+            // element (mask.cuh apply_mask's kCheckBegin).
             if (n_block * kBlockN < unmasked_keys_begin) {
                 apply_mask(s_frag, key_range, frag_row0, frag_col0);
             } else if ((n_block + 1) * kBlockN > unmasked_keys_end) {
-                apply_mask_end(s_frag, key_range, frag_row0, frag_col0);
+                apply_mask</*kCheckBegin=*/false>(s_frag, key_range, frag_row0, frag_col0);
             }
         };
 
