@@ -75,6 +75,20 @@ struct OnlineSoftmax {
     // The same, with the output's rescale factors returned in `o_scale` instead of applied
     // (rescale() applies them): the sm90 kernel computes P while the previous block's P V is
     // still accumulating into o, and rescales o once that has landed.
+    struct NoPair {
+        __device__ __forceinline__ void operator()(int, int, int, float, float) const {}
+    };
+    // update_scores, each pair of probabilities also handed to on_pair(mt, nt, half, p0, p1) right
+    // after its exponentials (the sm90 kernel packs them into P V's A fragments there).
+    template <int kNTiles, typename OnPair>
+    __device__ __forceinline__ void update_scores_pairs(float (&s)[kMTiles][kNTiles][4],
+                                                        float log2_scale,
+                                                        float (&o_scale)[kMTiles][2],
+                                                        OnPair&& on_pair) {
+        update_rows(
+            s, log2_scale, [&](int mt, int half, float scale) { o_scale[mt][half] = scale; },
+            on_pair);
+    }
     template <int kNTiles>
     __device__ __forceinline__ void update_scores(float (&s)[kMTiles][kNTiles][4],
                                                   float log2_scale, float (&o_scale)[kMTiles][2]) {
@@ -96,9 +110,9 @@ struct OnlineSoftmax {
 
     // Per row: the new max, p = 2^(s log2_scale - max log2_scale) in place, row_sum rescaled, and
     // scale_o(mt, half, factor) with the output's rescale factor (update / update_scores).
-    template <int kNTiles, typename ScaleO>
+    template <int kNTiles, typename ScaleO, typename OnPair = NoPair>
     __device__ __forceinline__ void update_rows(float (&s)[kMTiles][kNTiles][4], float log2_scale,
-                                                ScaleO&& scale_o) {
+                                                ScaleO&& scale_o, OnPair&& on_pair = {}) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -126,6 +140,7 @@ struct OnlineSoftmax {
                     for (int e = 2 * half; e < 2 * half + 2; ++e) {
                         s[mt][nt][e] = ptx::exp2_approx(fmaf(s[mt][nt][e], log2_scale, -max_scaled));
                     }
+                    on_pair(mt, nt, half, s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
                 }
                 row_sum[mt][half] *= o_scale;
                 scale_o(mt, half, o_scale);

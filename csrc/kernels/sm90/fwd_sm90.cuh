@@ -418,6 +418,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // long non-causal calls: FADDs 1.03x, 128-key d64 calls 0.94-0.98x, run 240).
     // Dropout: by FADDs (the row sums are of the undropped P, the P V operand is dropped).
     constexpr bool kDropout = Traits::kDropout;
+    // P packed into P V's A fragments pair by pair right behind its exponentials
+    // (update_scores_pairs), so the MUFUs interleave with the packs: taken where it was measured
+    // to win, d64's non-causal 128-key kernel (1.01-1.06x, bench/NOTES.md run 245). d64 causal:
+    // 0.99-1.02x; d64's 192-key kernel: 0.99x; at d128 / d256 the next S's accumulators and P's
+    // temporaries, live together, spill 100-212 bytes.
+    constexpr bool kPackPairs =
+        Traits::kHeadDim == 64 && kBlockN == 128 && !Causal && !kDropout;
     constexpr bool kRowSumsOnTensorCores =
         (Causal || (Traits::kHeadDim == 64 && kBlockN == 128)) && !kDropout;
     static_assert(!kDropout || (!HasAlibi && !HasSoftcap), "dropout without softcap / ALiBi");
@@ -757,14 +764,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         auto step = [&](int it, auto has_next) {
             transform_scores(it);
             float o_scale[1][2];
-            softmax.update_scores(s_frag, log2_scale, o_scale);
             // P V of the previous block has landed (none pending at it = 0): O is final for
             // the rescale, p_frag free, the previous V buffer released.
-            ptx90::wgmma_wait<0>();
-            ptx90::fence_operand(acc_o);
-            if constexpr (kRowSumsOnTensorCores) ptx90::fence_operand(acc_l);
-            ptx90::fence_operand(p_frag);
-            if (it > 0) ptx90::mbarrier_arrive(smem.empty_v(stage_of(it - 1)));
+            auto wait_pv = [&] {
+                ptx90::wgmma_wait<0>();
+                ptx90::fence_operand(acc_o);
+                if constexpr (kRowSumsOnTensorCores) ptx90::fence_operand(acc_l);
+                ptx90::fence_operand(p_frag);
+                if (it > 0) ptx90::mbarrier_arrive(smem.empty_v(stage_of(it - 1)));
+            };
+            if constexpr (kPackPairs) {
+                // After the wait (where ptxas put it anyway, above the row max), each pair of P
+                // packed right behind its exponentials: the MUFUs interleave with the packs and
+                // with the next S's wgmma issues, which no longer wait for every exponential
+                // (the probabilities leave acc_s for temporaries).
+                wait_pv();
+                softmax.update_scores_pairs(s_frag, log2_scale, o_scale,
+                                            [&](int mt, int nt, int half, float p0, float p1) {
+                                                p_frag[mt][nt / 2][2 * (nt % 2) + half] =
+                                                    ptx::pack_float2<Element>(p0, p1);
+                                            });
+            } else {
+                softmax.update_scores(s_frag, log2_scale, o_scale);
+                wait_pv();
+            }
             // Where O is rescaled. Without a next S, or pingpong (outside the turn): here. Else
             // under the next S, where ptxas places its FMULs among that S's wgmma issues by the
             // source position: d128 and causal d64 after the V wait (all of S issued first;
@@ -776,7 +799,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             constexpr bool rescale_after_v_wait =
                 rescale_under_s && (Traits::kHeadDim == 128 || (Traits::kHeadDim == 64 && Causal));
             if constexpr (!rescale_under_s) OnlineSoftmax<1>::rescale(o_frag, o_scale);
-            sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+            if constexpr (!kPackPairs) {
+                sm80::convert_p_to_a_fragments<Element, PTile>(p_frag, s_frag);
+            }
             if constexpr (kRowSumsOnTensorCores) {
                 OnlineSoftmax<1>::rescale(l_frag, o_scale);
             } else {
