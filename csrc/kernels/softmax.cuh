@@ -75,27 +75,20 @@ struct OnlineSoftmax {
     // The same, with the output's rescale factors returned in `o_scale` instead of applied
     // (rescale() applies them): the sm90 kernel computes P while the previous block's P V is
     // still accumulating into o, and rescales o once that has landed.
-    template <int kNTiles>
-    __device__ __forceinline__ void update_scores(float (&s)[kMTiles][kNTiles][4],
-                                                  float log2_scale, float (&o_scale)[kMTiles][2]) {
-        update_rows(s, log2_scale,
-                    [&](int mt, int half, float scale) { o_scale[mt][half] = scale; });
-    }
-    // update_scores, each pair of probabilities also handed to on_pair(mt, nt, half, p0, p1) right
-    // after its exponentials (the sm90 kernel packs them into P V's A fragments there).
-    template <int kNTiles, typename OnPair>
-    __device__ __forceinline__ void update_scores_pairs(float (&s)[kMTiles][kNTiles][4],
-                                                        float log2_scale,
-                                                        float (&o_scale)[kMTiles][2],
-                                                        OnPair&& on_pair) {
-        update_rows(
-            s, log2_scale, [&](int mt, int half, float scale) { o_scale[mt][half] = scale; },
-            on_pair);
-    }
     // update_rows' default on_pair: nothing.
     struct NoPair {
         __device__ __forceinline__ void operator()(int, int, int, float, float) const {}
     };
+    // Each pair of probabilities is also handed to on_pair(mt, nt, half, p0, p1) right after its
+    // exponentials (the sm90 kernel packs them into P V's A fragments there).
+    template <int kNTiles, typename OnPair = NoPair>
+    __device__ __forceinline__ void update_scores(float (&s)[kMTiles][kNTiles][4],
+                                                  float log2_scale, float (&o_scale)[kMTiles][2],
+                                                  OnPair&& on_pair = {}) {
+        update_rows(
+            s, log2_scale, [&](int mt, int half, float scale) { o_scale[mt][half] = scale; },
+            on_pair);
+    }
     template <int kDTiles>
     __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4],
                                                    const float (&o_scale)[kMTiles][2]) {

@@ -57,8 +57,16 @@ __device__ __forceinline__ void warp_gemm_qk(float (&acc)[Traits::kMTiles][Trait
     });
 }
 
-// P (fp32, in the S accumulator layout) -> A-operand fragments of P V, Element pairs:
-// p_frag[mt][kk] is the A fragment of rows 16 mt .. +15, keys 16 kk .. +15 (see the header).
+// One pair of P, p[mt][nt][2 half .. 2 half + 1] of the S accumulator layout, packed into its
+// word of the A-operand fragments of P V (p_frag[mt][kk]: rows 16 mt .. +15, keys 16 kk .. +15;
+// see the header).
+template <typename Element, int kMTiles, int kKSteps>
+__device__ __forceinline__ void pack_p_pair(uint32_t (&p_frag)[kMTiles][kKSteps][4], int mt,
+                                            int nt, int half, float p0, float p1) {
+    p_frag[mt][nt / 2][2 * (nt % 2) + half] = ptx::pack_float2<Element>(p0, p1);
+}
+
+// P (fp32, in the S accumulator layout) -> A-operand fragments of P V, Element pairs.
 template <typename Element, typename Traits>
 __device__ __forceinline__ void convert_p_to_a_fragments(
     uint32_t (&p_frag)[Traits::kMTiles][Traits::kBlockN / 16][4],
@@ -66,11 +74,12 @@ __device__ __forceinline__ void convert_p_to_a_fragments(
 #pragma unroll
     for (int mt = 0; mt < Traits::kMTiles; ++mt) {
 #pragma unroll
-        for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
-            p_frag[mt][kk][0] = ptx::pack_float2<Element>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-            p_frag[mt][kk][1] = ptx::pack_float2<Element>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-            p_frag[mt][kk][2] = ptx::pack_float2<Element>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-            p_frag[mt][kk][3] = ptx::pack_float2<Element>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+        for (int nt = 0; nt < Traits::kNTiles; ++nt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                pack_p_pair<Element>(p_frag, mt, nt, half, p[mt][nt][2 * half],
+                                     p[mt][nt][2 * half + 1]);
+            }
         }
     }
 }

@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Dropout: by FADDs (the row sums are of the undropped P, the P V operand is dropped).
     constexpr bool kDropout = Traits::kDropout;
     // P packed into P V's A fragments pair by pair right behind its exponentials
-    // (update_scores_pairs), so the MUFUs interleave with the packs: taken where it was measured
+    // (update_scores' on_pair), so the MUFUs interleave with the packs: taken where it was measured
     // to win, d64's non-causal 128-key kernel (1.01-1.06x, bench/NOTES.md run 245). d64 causal:
     // 0.99-1.02x; d64's 192-key kernel: 0.99x; at d128 / d256 the next S's accumulators and P's
     // temporaries, live together, spill 100-212 bytes.
@@ -779,11 +779,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 // with the next S's wgmma issues, which no longer wait for every exponential
                 // (the probabilities leave acc_s for temporaries).
                 wait_pv();
-                softmax.update_scores_pairs(s_frag, log2_scale, o_scale,
-                                            [&](int mt, int nt, int half, float p0, float p1) {
-                                                p_frag[mt][nt / 2][2 * (nt % 2) + half] =
-                                                    ptx::pack_float2<Element>(p0, p1);
-                                            });
+                softmax.update_scores(s_frag, log2_scale, o_scale,
+                                      [&](int mt, int nt, int half, float p0, float p1) {
+                                          sm80::pack_p_pair<Element>(p_frag, mt, nt, half, p0, p1);
+                                      });
             } else {
                 softmax.update_scores(s_frag, log2_scale, o_scale);
                 wait_pv();
