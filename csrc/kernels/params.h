@@ -183,6 +183,14 @@ struct FwdParams : public QKVParams {
     // sm90 forward with dynamic tiles: the (batch, head) pairs at the end of the walk taken in
     // the level order, as one chunk of their own (fwd_sm90_host.h fwd_sm90_tail_pairs); 0: none.
     int sm90_tail_pairs;
+    // The level order's divisors (fwd_sm90_host.h prepare_fwd_sm90_level_order, from the two
+    // fields above): tiles of a whole chunk (its pairs x the query blocks), pairs of a whole
+    // chunk, of the last chunk before the tail (fewer where the chunks do not divide the pairs),
+    // and of the tail.
+    FastDivisor sm90_chunk_tiles_div;
+    FastDivisor sm90_chunk_pairs_div;
+    FastDivisor sm90_last_chunk_pairs_div;
+    FastDivisor sm90_tail_pairs_div;
     // sm90 forward, persistent calls with dynamic tiles (fwd_sm90_host.h fwd_sm90_dynamic_tiles):
     // one int, zeroed before the launch, from which each CTA takes its next tile (atomicAdd);
     // nullptr: each CTA walks its tiles in a fixed order.

@@ -156,6 +156,7 @@ bool run_sm90(FwdParams& params) {
         s90::fwd_sm90_tile_chunk(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
     params.sm90_tail_pairs =
         s90::fwd_sm90_tail_pairs(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
+    s90::prepare_fwd_sm90_level_order(params);
     s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {
         run_sm90_traits<Element, Causal, decltype(traits)>(params);
     });

@@ -282,31 +282,33 @@ struct FwdTile {
                             : static_cast<int>(blockIdx.x);
         return round * static_cast<int>(gridDim.x) + cta;
     }
-    // m_div / h_div: the query blocks per (batch, head) and the heads (FwdParams::
-    // num_m_blocks_div / sm90_heads_div, set by prepare_fwd_sm90_divisors).
-    // tail: the pairs of the last chunk, or 0 (FwdParams::sm90_tail_pairs).
-    __device__ __forceinline__ static FwdTile make(int t, const FastDivisor& m_div,
-                                                   const FastDivisor& h_div, int batches,
-                                                   bool causal, bool level_order, int chunk,
-                                                   int tail) {
+    // The divisors are the params' (prepare_fwd_sm90_divisors: the query blocks per (batch,
+    // head), the heads; prepare_fwd_sm90_level_order: the level order's chunks and tail).
+    __device__ __forceinline__ static FwdTile make(int t, const FwdParams& params, bool causal,
+                                                   bool level_order) {
         FwdTile tile;
+        const FastDivisor& m_div = params.num_m_blocks_div;
+        const FastDivisor& h_div = params.sm90_heads_div;
         const int num_m_blocks = m_div.value(), heads = h_div.value();
         if (level_order) {
-            const int body = batches * heads - tail;  // the pairs before the tail
-            int first, per_level;  // the chunk's first pair and its pairs
+            const int body = params.b * heads - params.sm90_tail_pairs;  // the pairs before the tail
+            int first;                 // the chunk's first pair
+            FastDivisor chunk_pairs;  // its pairs
             if (t >= body * num_m_blocks) {
                 first = body;
-                per_level = tail;
+                chunk_pairs = params.sm90_tail_pairs_div;
             } else {
-                chunk = chunk > 0 && chunk < body ? chunk : body;
-                first = t / (chunk * num_m_blocks) * chunk;
-                per_level = min(chunk, body - first);
+                const int chunk = params.sm90_chunk_pairs_div.value();
+                first = params.sm90_chunk_tiles_div.div(t) * chunk;
+                chunk_pairs = first + chunk > body ? params.sm90_last_chunk_pairs_div
+                                                   : params.sm90_chunk_pairs_div;
             }
+            // Its tiles: level after level (the query blocks, last first), a pair per tile.
             const int in_chunk = t - first * num_m_blocks;
-            const int level = in_chunk / per_level;
-            const int pair = first + (in_chunk - level * per_level);
-            tile.m_block = num_m_blocks - 1 - level;
-            tile.batch = pair / heads;
+            const int level_index = chunk_pairs.div(in_chunk);
+            const int pair = first + (in_chunk - level_index * chunk_pairs.value());
+            tile.m_block = num_m_blocks - 1 - level_index;
+            tile.batch = h_div.div(pair);
             tile.head = pair - tile.batch * heads;
             return tile;
         }
@@ -457,9 +459,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
     auto tile_work = [&](int t) {
         TileWork w;
-        w.tile = FwdTile::make(t, params.num_m_blocks_div, params.sm90_heads_div, params.b,
-                               Causal, level_order, params.sm90_tile_chunk,
-                               params.sm90_tail_pairs);
+        w.tile = FwdTile::make(t, params, Causal, level_order);
         w.seq = sm80::SequenceInfo::make(params, w.tile.batch);
         w.m0 = w.tile.m_block * kBlockM;
         w.valid_q_rows = min(kBlockM, w.seq.seqlen_q - w.m0);

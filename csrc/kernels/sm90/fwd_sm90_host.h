@@ -282,6 +282,25 @@ inline int fwd_sm90_tail_pairs(const FwdParams& p, int64_t l2_bytes, int num_cta
     return tail >= 2 ? static_cast<int>(tail) : 0;
 }
 
+// The level order's divisors (fwd_sm90.cuh FwdTile::make; FwdParams::sm90_chunk_tiles_div ...)
+// from the call's chunk and tail (sm90_tile_chunk, sm90_tail_pairs: set those first): its index
+// math then takes a multiply-high and a shift per division instead of three run-time divisions,
+// some 75 instructions and 300 cycles in series ahead of every tile's first load wait (the
+// causal calls' consumers, bench/NOTES.md session 52). The pairs before the tail (the body) go in
+// chunks of sm90_tile_chunk pairs (0, or not fewer than the body: one chunk of all of them), the
+// last one shorter where the chunks do not divide the body.
+inline void prepare_fwd_sm90_level_order(FwdParams& p) {
+    const int pairs = p.b * p.h;
+    const int body = pairs - p.sm90_tail_pairs;
+    const int chunk =
+        p.sm90_tile_chunk > 0 && p.sm90_tile_chunk < body ? p.sm90_tile_chunk : std::max(body, 1);
+    const int last_chunk = body > 0 ? body - (body - 1) / chunk * chunk : 1;
+    p.sm90_chunk_tiles_div = FastDivisor::make(chunk * p.num_m_blocks_div.value());
+    p.sm90_chunk_pairs_div = FastDivisor::make(chunk);
+    p.sm90_last_chunk_pairs_div = FastDivisor::make(last_chunk);
+    p.sm90_tail_pairs_div = FastDivisor::make(p.sm90_tail_pairs);
+}
+
 // The map of the output o (fixed length: (column, row, head, batch), rows = seqlen_q, boxes of 64
 // columns x 64 rows), for the kernel's TMA stores of O (store_o_by_tma: the kernel's
 // kStoreOByTma); else zeroed, unused. Returns 0 or the CUresult.
