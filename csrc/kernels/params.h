@@ -191,6 +191,9 @@ struct FwdParams : public QKVParams {
     FastDivisor sm90_chunk_pairs_div;
     FastDivisor sm90_last_chunk_pairs_div;
     FastDivisor sm90_tail_pairs_div;
+    // sm90 forward: every tile has rows and a visible key (fwd_sm90_host.h
+    // fwd_sm90_every_tile_has_work), so a tile's first S can be issued before its work is known.
+    bool sm90_every_tile_has_work;
     // sm90 forward, persistent calls with dynamic tiles (fwd_sm90_host.h fwd_sm90_dynamic_tiles):
     // one int, zeroed before the launch, from which each CTA takes its next tile (atomicAdd);
     // nullptr: each CTA walks its tiles in a fixed order.

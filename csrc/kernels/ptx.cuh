@@ -98,6 +98,15 @@ __device__ __forceinline__ void st_shared_4(uint32_t smem_addr, uint32_t value) 
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(value) : "memory");
 }
 
+// st.global.b32 under a predicate: one predicated store, no branch around it (code that runs
+// while wgmma are in flight must not diverge: ptxas waits for them before a divergent branch).
+__device__ __forceinline__ void st_global_4_if(void* ptr, uint32_t value, bool pred) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.global.b32 [%0], %1;\n}\n" ::"l"(ptr),
+        "r"(value), "r"(static_cast<uint32_t>(pred))
+        : "memory");
+}
+
 // st.shared.v2.f32: two floats, 8-byte aligned.
 __device__ __forceinline__ void st_shared_f32x2(uint32_t smem_addr, float a, float b) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_addr), "f"(a), "f"(b) : "memory");

@@ -98,10 +98,13 @@ void run_sm90_traits(FwdParams& params) {
         std::exit(2);
     }
     std::printf("emulator: sm90 forward%s, key blocks of %d, O stored %s, %s tiles, a tail of "
-                "%d pairs\n",
+                "%d pairs%s\n",
                 Traits::kPingpong ? " (pingpong)" : "", Traits::kBlockN,
                 Traits::kStoreOByTma ? "by TMA" : "from registers",
-                params.sm90_tile_counter != nullptr ? "dynamic" : "fixed", params.sm90_tail_pairs);
+                params.sm90_tile_counter != nullptr ? "dynamic" : "fixed", params.sm90_tail_pairs,
+                !Traits::carries_first_s(Causal)    ? ""
+                : params.sm90_every_tile_has_work ? ", first S carried, before the tile's work"
+                                                  : ", first S carried, after the tile's work");
     // A persistent grid of 3 CTAs (EMU_NUM_SMS) for every call, whatever the launcher's rule
     // (fwd_sm90_persistent: one CTA per tile for windows and varlen): the CTAs walk several
     // tiles, so the barrier rounds across tiles (causal: dynamic tiles, or the level order's snake
@@ -157,6 +160,7 @@ bool run_sm90(FwdParams& params) {
     params.sm90_tail_pairs =
         s90::fwd_sm90_tail_pairs(params, int64_t{50} << 20, s90::fwd_sm90_ctas(params, 132));
     s90::prepare_fwd_sm90_level_order(params);
+    params.sm90_every_tile_has_work = s90::fwd_sm90_every_tile_has_work(params);
     s90::with_fwd_sm90_traits<EMU_HEAD_DIM, Causal>(params, [&](auto traits) {
         run_sm90_traits<Element, Causal, decltype(traits)>(params);
     });

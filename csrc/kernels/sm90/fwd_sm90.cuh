@@ -102,6 +102,18 @@ struct FwdSm90Traits {
     // issuing their GEMMs (named barriers 1 and 2), so one's softmax runs while the other's
     // GEMMs have the tensor cores.
     static constexpr bool kPingpong = Pingpong;
+    // Whether a tile's first S is issued at the end of the tile before (the kernel's
+    // issue_first_s), as soon as that tile's last P V has landed, so that the tensor cores have
+    // work under that tile's O stores and this tile's set-up, which otherwise leave them idle
+    // between tiles. d64's non-causal kernels without dropout or the pingpong turns: an H100,
+    // bench/NOTES.md run 246, s512 / s1k / s2k 1.04 / 1.05 / 1.04x, s4k 0.99-1.01x. Not the causal
+    // ones: 0.87-0.94x at s512-4k (ptxas then no longer knows the warps converged inside the
+    // loop: BRA.DIV / WARPSYNC before its shuffles and wgmma). At d128 the code between the S
+    // and the next tile's first wait has ptxas wait for it (C7517 / C7518); at d192 / d256 it
+    // serialises the wgmma for want of registers.
+    static constexpr bool carries_first_s(bool causal) {
+        return HeadDim == 64 && !Dropout && !Pingpong && !causal;
+    }
 
     static constexpr int kQSlabBytes = kBlockM * 128;
     static constexpr int kKVSlabBytes = kBlockN * 128;
@@ -291,8 +303,8 @@ struct FwdTile {
         const FastDivisor& h_div = params.sm90_heads_div;
         const int num_m_blocks = m_div.value(), heads = h_div.value();
         if (level_order) {
-            const int body = params.b * heads - params.sm90_tail_pairs;  // the pairs before the tail
-            int first;                 // the chunk's first pair
+            const int body = params.b * heads - params.sm90_tail_pairs;  // pairs before the tail
+            int first;                // the chunk's first pair
             FastDivisor chunk_pairs;  // its pairs
             if (t >= body * num_m_blocks) {
                 first = body;
@@ -427,6 +439,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // temporaries, live together, spill 100-212 bytes.
     constexpr bool kPackPairs =
         Traits::kHeadDim == 64 && kBlockN == 128 && !Causal && !kDropout;
+    constexpr bool kCarryFirstS = Traits::carries_first_s(Causal);
     constexpr bool kRowSumsOnTensorCores =
         (Causal || (Traits::kHeadDim == 64 && kBlockN == 128)) && !kDropout;
     static_assert(!kDropout || (!HasAlibi && !HasSoftcap), "dropout without softcap / ALiBi");
@@ -632,28 +645,85 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return dynamic_tiles() ? TileRing<Traits>::take(smem, round)
                                : FwdTile::index(round, level_order);
     };
-    for (int round = 0, tile_index = take_tile(0); tile_index < num_tiles;
-         tile_index = take_tile(++round)) {
-        const TileWork w = tile_work(tile_index);
-        if (!w.has_rows()) continue;  // varlen: this sequence is shorter than the grid
+    // Block `it` of a tile is the CTA's block kv_base + it: its stage and phase.
+    auto stage_of = [&](int it) { return (kv_base + it) % kStages; };
+    auto phase_of = [&](int it) {
+        return static_cast<uint32_t>(((kv_base + it) / kStages) & 1);
+    };
+    // S = Q K^T of iteration `it` into acc_s (issued, committed, not waited for). K-major
+    // operands: k16 step ks reads 32 bytes into every 128-byte row of slab ks / 4.
+    auto issue_qk = [&](int it) {
+        const uint32_t k_tile = smem.k + stage_of(it) * Traits::kKVTileBytes;
+        // Opaque: the Q descriptors are rebuilt per block, not hoisted out of the loop (at
+        // d256 they would take 16 registers); warp-uniform, so rebuilt in uniform registers.
+        const uint64_t desc_q =
+            ptx90::make_smem_desc_sw128(ptx::warp_uniform(ptx::opaque(q_rows)));
+        const uint64_t desc_k = ptx90::make_smem_desc_sw128(k_tile);
+        ptx90::fence_operand(acc_s);
+        ptx90::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
+            const uint32_t offset = 32 * (ks % 4);
+            ptx90::wgmma_ss<kBlockN, Element>(
+                acc_s,
+                ptx90::smem_desc_advance(desc_q, (ks / 4) * Traits::kQSlabBytes + offset),
+                ptx90::smem_desc_advance(desc_k, (ks / 4) * Traits::kKVSlabBytes + offset),
+                ks > 0);
+        }
+        ptx90::wgmma_commit();
+    };
+    // A tile with no visible key for any row: out = 0, lse = +inf.
+    auto store_empty_tile = [&](const sm80::OutputTile<Element>& out) {
+        release_o_buffers();
+        for (int i = tid - 128; i < out.valid_rows * params.d; i += Traits::kConsumerThreads) {
+            const int row = i / params.d, col = i - row * params.d;
+            out.o[static_cast<int64_t>(row) * params.o_row_stride + col] = Element(0.f);
+        }
+        for (int row = tid - 128; row < out.valid_rows; row += Traits::kConsumerThreads) {
+            out.lse[row] = INFINITY;
+        }
+    };
+    // The CTA's next tile with work, from round `round` on (round then its round, w its work):
+    // tiles without rows (varlen: a sequence shorter than the grid) are skipped, those without
+    // a visible key stored empty. False at the end of the walk.
+    auto next_tile_with_work = [&](int& round, TileWork& w) {
+        for (;; ++round) {
+            const int tile_index = take_tile(round);
+            if (tile_index >= num_tiles) return false;
+            w = tile_work(tile_index);
+            if (!w.has_rows()) continue;
+            if (w.n_iters() > 0) return true;
+            store_empty_tile(sm80::OutputTile<Element>::make(params, w.seq, w.tile.batch,
+                                                             w.tile.head, w.m0, kBlockM));
+        }
+    };
+    // A tile's first S (kv_base and q_round count from the tile's first block and Q).
+    auto issue_first_s = [&] {
+        wait_phase(smem.full_q(), q_round & 1);
+        wait_phase(smem.full_k(stage_of(0)), phase_of(0));
+        my_turn();
+        issue_qk(0);
+        their_turn();
+    };
+
+    // One tile with work. It ends with finish(stores), stores being its stores of O from the
+    // registers; finish returns whether the walk goes on (kCarryFirstS: it finds the next tile and
+    // issues its first S before the stores, and overwrites w with the next tile's work: w is not
+    // read after finish starts).
+    auto run_tile = [&](const TileWork& w, auto finish) {
         const int batch = w.tile.batch, head = w.tile.head, m0 = w.m0;
         const int n_block_max = w.n_block_max;
         const int n_iters = w.n_iters();
         const sm80::OutputTile<Element> out =
             sm80::OutputTile<Element>::make(params, w.seq, batch, head, m0, kBlockM);
-        if (n_iters <= 0) {  // no visible key for any row of the tile: out = 0, lse = +inf
-            release_o_buffers();
-            for (int i = tid - 128; i < out.valid_rows * params.d; i += Traits::kConsumerThreads) {
-                const int row = i / params.d, col = i - row * params.d;
-                out.o[static_cast<int64_t>(row) * params.o_row_stride + col] = Element(0.f);
+        if constexpr (!kCarryFirstS) {  // (kCarryFirstS: next_tile_with_work stored it)
+            if (n_iters <= 0) {
+                store_empty_tile(out);
+                return true;
             }
-            for (int row = tid - 128; row < out.valid_rows; row += Traits::kConsumerThreads) {
-                out.lse[row] = INFINITY;
-            }
-            continue;
         }
 
-        const float alibi_slope =
+        [[maybe_unused]] const float alibi_slope =
             HasAlibi && params.alibi_slopes_ptr != nullptr
                 ? reinterpret_cast<const float*>(params.alibi_slopes_ptr)
                       [batch * params.alibi_slopes_batch_stride + head]
@@ -673,33 +743,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         OnlineSoftmax<1> softmax;
         softmax.init();
 
-        // Block `it` of this tile is the CTA's block kv_base + it: its stage and phase.
-        auto stage_of = [&](int it) { return (kv_base + it) % kStages; };
-        auto phase_of = [&](int it) {
-            return static_cast<uint32_t>(((kv_base + it) / kStages) & 1);
-        };
-        // S = Q K^T of iteration `it` into acc_s (issued, committed, not waited for). K-major
-        // operands: k16 step ks reads 32 bytes into every 128-byte row of slab ks / 4.
-        auto issue_qk = [&](int it) {
-            const uint32_t k_tile = smem.k + stage_of(it) * Traits::kKVTileBytes;
-            // Opaque: the Q descriptors are rebuilt per block, not hoisted out of the loop (at
-            // d256 they would take 16 registers); warp-uniform, so rebuilt in uniform registers.
-            const uint64_t desc_q =
-                ptx90::make_smem_desc_sw128(ptx::warp_uniform(ptx::opaque(q_rows)));
-            const uint64_t desc_k = ptx90::make_smem_desc_sw128(k_tile);
-            ptx90::fence_operand(acc_s);
-            ptx90::wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
-                const uint32_t offset = 32 * (ks % 4);
-                ptx90::wgmma_ss<kBlockN, Element>(
-                    acc_s,
-                    ptx90::smem_desc_advance(desc_q, (ks / 4) * Traits::kQSlabBytes + offset),
-                    ptx90::smem_desc_advance(desc_k, (ks / 4) * Traits::kKVSlabBytes + offset),
-                    ks > 0);
-            }
-            ptx90::wgmma_commit();
-        };
         // O += P V of iteration `it` (issued, committed, not waited for): V MN-major, k16 step
         // kk = 16 keys = two 1024-byte atoms of every slab; the slabs (64 columns each) are
         // kKVSlabBytes apart (the leading byte offset).
@@ -739,7 +782,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         };
 
-        wait_phase(smem.full_q(), q_round & 1);
         // Overlap inside the warpgroup (DESIGN.md section 6): S of the next block and P V of this
         // one are issued back to back, and only S is waited for, so the next block's mask and
         // exponentials run while the tensor cores still accumulate P V. O is rescaled once that
@@ -751,10 +793,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // leaves it unsure which group a wait retires.
         // Q is released (empty_q) once the tile's last S has landed, so that the producer loads
         // the next tile's Q under this tile's last block and epilogue.
-        wait_phase(smem.full_k(stage_of(0)), phase_of(0));
-        my_turn();
-        issue_qk(0);
-        their_turn();
+        // The first S: issued here, or (kCarryFirstS) at the end of the tile before.
+        if constexpr (!kCarryFirstS) issue_first_s();
         release_o_buffers();  // the previous tile's O stores, under this S
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_s);
@@ -875,14 +915,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
             for (int i = 0; i < Traits::kHeadDim / 2; ++i) acc_o[i] *= params.rp_keep;
         }
-        // Row g (half 0) / g + 8 (half 1) of O, columns 8 dt + 2 (lane % 4) + {0, 1}, packed.
+        // Row g (half 0) / g + 8 (half 1) of O, columns 8 dt + 2 (lane % 4) + {0, 1}, packed
+        // (kCarryFirstS: all of it before the next tile's first S is issued).
+        [[maybe_unused]] uint32_t o_packed[2][kCarryFirstS ? Traits::kHeadDim / 8 : 1];
         auto o_pair = [&](int dt, int half) {
             return ptx::pack_float2<Element>(o_frag[0][dt][2 * half], o_frag[0][dt][2 * half + 1]);
         };
+        if constexpr (kCarryFirstS) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
-            if (lane % 4 == 0 && row < out.valid_rows) out.lse[row] = lse[0][half];
+            for (int half = 0; half < 2; ++half) {
+#pragma unroll
+                for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
+                    o_packed[half][dt] = o_pair(dt, half);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
+                if (lane % 4 == 0 && row < out.valid_rows) out.lse[row] = lse[0][half];
+            }
         }
         if constexpr (o_by_tma) {
             // The warpgroup's 64 rows of O into its rows of the staged O's slabs (the layout the
@@ -905,9 +957,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 (o_in_kv ? smem.k + last_stage * Traits::kKVTileBytes : smem.o) + 64 * c * 128;
             auto o_slab_offset = [](int slab) {
                 constexpr int kPerBuffer = Traits::kOSlabsPerBuffer;
-                return o_in_kv ? (slab < kPerBuffer ? 0 : kStages * Traits::kKVTileBytes) +
-                                     (slab % kPerBuffer) * Traits::kQSlabBytes
-                               : slab * Traits::kQSlabBytes;
+                constexpr bool kInKV = Traits::kOInKVBuffers;  // (o_in_kv; not captured)
+                return kInKV ? (slab < kPerBuffer ? 0 : kStages * Traits::kKVTileBytes) +
+                                   (slab % kPerBuffer) * Traits::kQSlabBytes
+                             : slab * Traits::kQSlabBytes;
             };
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
@@ -917,7 +970,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
                     ptx::st_shared_4(row_addr + o_slab_offset(dt / 8) +
                                          (((dt % 8) ^ (lane / 4)) << 4),
-                                     o_pair(dt, half));
+                                     kCarryFirstS ? o_packed[half][dt] : o_pair(dt, half));
                 }
             }
             ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
@@ -929,21 +982,81 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
                 ptx90::bulk_commit_group();
             }
-            continue;
+            if constexpr (!kCarryFirstS) return finish([] {});
         }
+        // The stores of O (unless staged) and lse from the registers. kCarryFirstS: predicated,
+        // no divergent branch (they run under the next tile's first S, and ptxas would wait for
+        // the wgmma before a divergent branch: C7517 / C7518).
+        auto store_from_registers = [&] {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
-            if (row >= out.valid_rows) continue;
-            Element* o_row =
-                out.o + static_cast<int64_t>(row) * params.o_row_stride + 2 * (lane % 4);
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
+                if constexpr (kCarryFirstS) {
+                    ptx::st_global_4_if(out.lse + row, __float_as_uint(lse[0][half]),
+                                        lane % 4 == 0 && row < out.valid_rows);
+                } else if (row >= out.valid_rows) {
+                    continue;
+                }
+                if constexpr (!o_by_tma) {
+                    Element* o_row =
+                        out.o + static_cast<int64_t>(row) * params.o_row_stride + 2 * (lane % 4);
 #pragma unroll
-            for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
-                // Only the call's d columns (a multiple of 8; the rest are the zero padding).
-                if (8 * dt < params.d) {
-                    *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = o_pair(dt, half);
+                    for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
+                        // Only the call's d columns (a multiple of 8; the rest are zero padding).
+                        if constexpr (kCarryFirstS) {
+                            ptx::st_global_4_if(o_row + 8 * dt, o_packed[half][dt],
+                                                row < out.valid_rows && 8 * dt < params.d);
+                        } else if (8 * dt < params.d) {
+                            *reinterpret_cast<uint32_t*>(o_row + 8 * dt) = o_pair(dt, half);
+                        }
+                    }
                 }
             }
+        };
+        return finish(store_from_registers);
+    };
+
+    // The walk. kCarryFirstS: a tile's first S is in flight whenever run_tile starts one, so that
+    // no path that reaches it has none (ptxas would otherwise wait for the wgmma at the merge).
+    int round = 0;
+    TileWork w;
+    if constexpr (kCarryFirstS) {
+        if (next_tile_with_work(round, w)) {
+            issue_first_s();
+            // Each path from the stores to the next run_tile issues a first S: at a merge of one
+            // with and one without a wgmma in flight ptxas would wait for it.
+            while (run_tile(w, [&](auto stores) {
+                if (params.sm90_every_tile_has_work) {
+                    // The next tile's work found under its first S.
+                    const int tile_index = take_tile(++round);
+                    if (tile_index >= num_tiles) {
+                        stores();
+                        return false;
+                    }
+                    issue_first_s();
+                    w = tile_work(tile_index);
+                    stores();
+                    return true;
+                }
+                if (!next_tile_with_work(++round, w)) {
+                    stores();
+                    return false;
+                }
+                issue_first_s();
+                stores();
+                return true;
+            })) {
+            }
+        }
+    } else {
+        for (int tile_index = take_tile(0); tile_index < num_tiles;
+             tile_index = take_tile(++round)) {
+            const TileWork tile = tile_work(tile_index);
+            if (!tile.has_rows()) continue;  // varlen: this sequence is shorter than the grid
+            run_tile(tile, [](auto stores) {
+                stores();
+                return true;
+            });
         }
     }
     // The shared memory must outlive the TMA stores' reads of it.

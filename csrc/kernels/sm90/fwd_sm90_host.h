@@ -301,6 +301,14 @@ inline void prepare_fwd_sm90_level_order(FwdParams& p) {
     p.sm90_tail_pairs_div = FastDivisor::make(p.sm90_tail_pairs);
 }
 
+// Whether every tile of a call has rows and a visible key for one of them (FwdParams::
+// sm90_every_tile_has_work): fixed length (a varlen tile may lie past its sequence's end) with at
+// least as many keys as queries (row i then sees key i + seqlen_k - seqlen_q, whatever the causal
+// mask or window; with fewer keys the first rows of a causal call see none).
+inline bool fwd_sm90_every_tile_has_work(const FwdParams& p) {
+    return p.cu_seqlens_q == nullptr && p.seqlen_k >= p.seqlen_q && p.seqlen_k > 0;
+}
+
 // The map of the output o (fixed length: (column, row, head, batch), rows = seqlen_q, boxes of 64
 // columns x 64 rows), for the kernel's TMA stores of O (store_o_by_tma: the kernel's
 // kStoreOByTma); else zeroed, unused. Returns 0 or the CUresult.

@@ -75,6 +75,7 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
     params.sm90_tile_chunk = sm90::fwd_sm90_tile_chunk(params, l2_bytes, ctas);
     params.sm90_tail_pairs = sm90::fwd_sm90_tail_pairs(params, l2_bytes, ctas);
     sm90::prepare_fwd_sm90_level_order(params);
+    params.sm90_every_tile_has_work = sm90::fwd_sm90_every_tile_has_work(params);
     sm90::with_fwd_sm90_traits<HeadDim, Causal>(params, [&](auto traits) {
         sm90::launch_fwd_sm90<Element, decltype(traits), Causal>(params, ctas, stream);
     });

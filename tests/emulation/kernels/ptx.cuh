@@ -78,6 +78,9 @@ inline uint32_t ld_shared_4(uint32_t addr) {
 inline void st_shared_4(uint32_t addr, uint32_t value) {
     std::memcpy(emu::smem_at(addr, 4, 4), &value, 4);
 }
+inline void st_global_4_if(void* ptr, uint32_t value, bool pred) {
+    if (pred) std::memcpy(ptr, &value, 4);
+}
 inline void st_shared_f32x2(uint32_t addr, float a, float b) {
     const float v[2] = {a, b};
     std::memcpy(emu::smem_at(addr, 8, 8), v, 8);
