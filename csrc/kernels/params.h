@@ -177,8 +177,9 @@ struct FwdParams : public QKVParams {
     // sm90 forward (kernels/sm90/fwd_sm90.cuh): the pingpong variant, the two consumer
     // warpgroups taking turns at the tensor cores (FLASH_CUDA_SM90=pingpong; A/B runs).
     bool sm90_pingpong;
-    // sm90 forward, causal persistent calls (the level order, fwd_sm90.cuh FwdTile): the (batch,
-    // head) pairs per chunk of the walk (fwd_sm90_host.h fwd_sm90_tile_chunk); 0: one chunk.
+    // sm90 forward, causal persistent calls (the level order, fwd_sm90.cuh FwdTile, which reads
+    // the divisors below): the (batch, head) pairs per chunk of the walk (fwd_sm90_host.h
+    // fwd_sm90_tile_chunk); 0: one chunk.
     int sm90_tile_chunk;
     // sm90 forward with dynamic tiles: the (batch, head) pairs at the end of the walk taken in
     // the level order, as one chunk of their own (fwd_sm90_host.h fwd_sm90_tail_pairs); 0: none.

@@ -72,15 +72,15 @@ struct OnlineSoftmax {
         });
     }
 
-    // The same, with the output's rescale factors returned in `o_scale` instead of applied
-    // (rescale() applies them): the sm90 kernel computes P while the previous block's P V is
-    // still accumulating into o, and rescales o once that has landed.
-    // update_rows' default on_pair: nothing.
+    // The default on_pair of update_scores / update_rows: nothing.
     struct NoPair {
         __device__ __forceinline__ void operator()(int, int, int, float, float) const {}
     };
-    // Each pair of probabilities is also handed to on_pair(mt, nt, half, p0, p1) right after its
-    // exponentials (the sm90 kernel packs them into P V's A fragments there).
+    // The same as update, with the output's rescale factors returned in `o_scale` instead of
+    // applied (rescale() applies them): the sm90 kernel computes P while the previous block's
+    // P V is still accumulating into o, and rescales o once that has landed. Each pair of
+    // probabilities is also handed to on_pair(mt, nt, half, p0, p1) right after its exponentials
+    // (the sm90 kernel packs them into P V's A fragments there).
     template <int kNTiles, typename OnPair = NoPair>
     __device__ __forceinline__ void update_scores(float (&s)[kMTiles][kNTiles][4],
                                                   float log2_scale, float (&o_scale)[kMTiles][2],

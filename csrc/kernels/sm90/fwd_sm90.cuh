@@ -106,11 +106,11 @@ struct FwdSm90Traits {
     // issue_first_s), as soon as that tile's last P V has landed, so that the tensor cores have
     // work under that tile's O stores and this tile's set-up, which otherwise leave them idle
     // between tiles. d64's non-causal kernels without dropout or the pingpong turns: an H100,
-    // bench/NOTES.md run 246, s512 / s1k / s2k 1.04 / 1.05 / 1.04x, s4k 0.99-1.01x. Not the causal
-    // ones: 0.87-0.94x at s512-4k (ptxas then no longer knows the warps converged inside the
-    // loop: BRA.DIV / WARPSYNC before its shuffles and wgmma). At d128 the code between the S
-    // and the next tile's first wait has ptxas wait for it (C7517 / C7518); at d192 / d256 it
-    // serialises the wgmma for want of registers.
+    // bench/NOTES.md run 246, s512 / s1k / s2k 1.04 / 1.05-1.07 / 1.04-1.07x, s4k 0.99-1.01x.
+    // Not the causal ones: 0.87-0.94x at s512-4k (ptxas then no longer knows the warps converged
+    // inside the loop: BRA.DIV / WARPSYNC before its shuffles and wgmma). At d128 the code
+    // between the S and the next tile's first wait has ptxas wait for it (C7517 / C7518); at
+    // d192 / d256 it serialises the wgmma for want of registers.
     static constexpr bool carries_first_s(bool causal) {
         return HeadDim == 64 && !Dropout && !Pingpong && !causal;
     }
