@@ -309,16 +309,6 @@ inline bool fwd_sm90_every_tile_has_work(const FwdParams& p) {
     return p.cu_seqlens_q == nullptr && p.seqlen_k >= p.seqlen_q && p.seqlen_k > 0;
 }
 
-// Whether a kernel built to issue a tile's first S at the end of the tile before
-// (FwdSm90Traits::carries_first_s) does so on this call (FwdParams::sm90_carry_first_s; after
-// sm90_every_tile_has_work is set): on every call (on_every_call, FwdSm90Traits::
-// carries_first_s_on_every_call) or where every tile has work; never with FLASH_CUDA_SM90_CARRY=0
-// (A/B runs, tests; read per call). Otherwise it walks its tiles as the other kernels do.
-inline bool fwd_sm90_carry_first_s(const FwdParams& p, bool on_every_call) {
-    return env_choice("FLASH_CUDA_SM90_CARRY") != EnvChoice::kOff &&
-           (on_every_call || p.sm90_every_tile_has_work);
-}
-
 // The map of the output o (fixed length: (column, row, head, batch), rows = seqlen_q, boxes of 64
 // columns x 64 rows), for the kernel's TMA stores of O (store_o_by_tma: the kernel's
 // kStoreOByTma); else zeroed, unused. Returns 0 or the CUresult.
