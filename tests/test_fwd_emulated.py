@@ -250,37 +250,43 @@ def test_dynamic_tiles_emulated_sm90(d, feature, variant):
     assert "dynamic tiles" in driver.LAST_STDOUT
 
 
-@pytest.mark.parametrize("shape", ("fixed", "window_fewer_keys", "varlen", "causal"))
-def test_first_s_carried_emulated_sm90(shape):
-    """d64's non-causal first S of a tile issued at the end of the tile before (FwdSm90Traits::
-    carries_first_s), 3 CTAs walking several tiles each: fixed length with at least as many keys
+@pytest.mark.parametrize(
+    "shape", ("fixed", "window_fewer_keys", "varlen", "causal", "causal_fewer_keys", "causal_off"))
+@pytest.mark.parametrize("d", (64, 128))
+def test_first_s_carried_emulated_sm90(d, shape, monkeypatch):
+    """d64's and d128's causal first S of a tile issued at the end of the tile before
+    (FwdSm90Traits::carries_first_s; d128's non-causal kernels walk without it, checked here as
+    well), 3 CTAs walking several tiles each: fixed length with at least as many keys
     as queries (every tile has work: the S is issued before the next tile's work is known), a
     window over fewer keys than queries (the first tiles see no key and are stored empty between
     carried tiles), varlen (tiles past a sequence's end skipped, one sequence without keys). The
-    causal kernels do not carry it."""
+    causal kernels (dynamic tiles) carry it only where every tile has work: causal with fewer
+    keys than queries takes the walk without it, as does any call with FLASH_CUDA_SM90_CARRY=0."""
+    if shape == "causal_off":
+        monkeypatch.setenv("FLASH_CUDA_SM90_CARRY", "0")
     gen = torch.Generator().manual_seed(17 + len(shape))
     if shape == "varlen":
         lens_q, lens_k = [130, 300, 70, 260], [200, 0, 310, 90]
         cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32)
         cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32)
-        q = torch.randn(sum(lens_q), 2, 64, dtype=torch.bfloat16, generator=gen)
-        k = torch.randn(sum(lens_k), 1, 64, dtype=torch.bfloat16, generator=gen)
-        v = torch.randn(sum(lens_k), 1, 64, dtype=torch.bfloat16, generator=gen)
+        q = torch.randn(sum(lens_q), 2, d, dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(sum(lens_k), 1, d, dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(sum(lens_k), 1, d, dtype=torch.bfloat16, generator=gen)
         out, lse = run_sm90(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                             max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
         assert_varlen_close_to_oracle(out, lse, q, k, v, cu_q, cu_k, lens_k, max(lens_k), {})
     else:
-        sq, sk = (600, 200) if shape == "window_fewer_keys" else (400, 520)
+        sq, sk = (600, 200) if shape.endswith("fewer_keys") else (400, 520)
         opts = {"window": (10, 10)} if shape == "window_fewer_keys" else {}
-        if shape == "causal":
+        if shape.startswith("causal"):
             opts = {"causal": True}
-        q, k, v = make_qkv(2, sq, sk, 2, 1, 64, torch.bfloat16, gen=gen, device="cpu")
+        q, k, v = make_qkv(2, sq, sk, 2, 1, d, torch.bfloat16, gen=gen, device="cpu")
         out, lse = run_sm90(q, k, v, **opts)
         assert_close_to_oracle(out, lse, q, k, v, **opts)
-    if shape == "causal":
+    if shape in ("causal_fewer_keys", "causal_off") or (d == 128 and shape != "causal"):
         assert "first S carried" not in driver.LAST_STDOUT
     else:
-        when = "before" if shape == "fixed" else "after"
+        when = "before" if shape in ("fixed", "causal") else "after"
         assert f"first S carried, {when} the tile's work" in driver.LAST_STDOUT
 
 

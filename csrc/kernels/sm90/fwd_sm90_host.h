@@ -309,6 +309,18 @@ inline bool fwd_sm90_every_tile_has_work(const FwdParams& p) {
     return p.cu_seqlens_q == nullptr && p.seqlen_k >= p.seqlen_q && p.seqlen_k > 0;
 }
 
+// Whether the kernel of these traits issues a tile's first S at the end of the tile before on
+// this call (FwdParams::sm90_carry_first_s; after sm90_every_tile_has_work is set): where it is
+// built to (FwdSm90Traits::carries_first_s), on every call (carries_first_s_on_every_call) or
+// where every tile has work; never with FLASH_CUDA_SM90_CARRY=0 (A/B runs, tests; read per
+// call). Otherwise it walks its tiles as the other kernels do.
+template <typename Traits, bool Causal>
+bool fwd_sm90_carry_first_s(const FwdParams& p) {
+    return Traits::carries_first_s(Causal) &&
+           env_choice("FLASH_CUDA_SM90_CARRY") != EnvChoice::kOff &&
+           (Traits::carries_first_s_on_every_call(Causal) || p.sm90_every_tile_has_work);
+}
+
 // The map of the output o (fixed length: (column, row, head, batch), rows = seqlen_q, boxes of 64
 // columns x 64 rows), for the kernel's TMA stores of O (store_o_by_tma: the kernel's
 // kStoreOByTma); else zeroed, unused. Returns 0 or the CUresult.
