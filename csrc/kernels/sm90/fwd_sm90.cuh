@@ -106,9 +106,13 @@ struct FwdSm90Traits {
     // issue_first_s), as soon as that tile's last P V has landed, so that the tensor cores have
     // work under that tile's O stores and this tile's set-up, which otherwise leave them idle
     // between tiles. d64's kernels and d128's causal ones, without dropout or the pingpong
-    // turns. An H100, bench/NOTES.md runs 246, 247 and 249: d64 non-causal s1k-4k 1.03-1.07x,
-    // d64 causal s1k-16k 1.05-1.13x (s512 1.01-1.03x), d128 causal s512-16k 1.00-1.02x (GQA 32/8
-    // 1.01-1.05x). Not d128's non-causal kernels: 0.97-1.02x at s512-2k, 0.93-1.10x beyond.
+    // turns. Session 52's d64 non-causal kernel (an H100, run 246): s512-2k 1.04-1.07x. These
+    // kernels have both walks, chosen per call (params.sm90_carry_first_s), which costs: against
+    // session 52's kernels (an H100, bench/NOTES.md run 251) d64 causal s2k-16k 1.01-1.03x but
+    // s512 0.97-0.98x, d64 non-causal s512-1k 0.97-0.99x, d128 causal 0.98-1.02x (GQA 32/8
+    // 1.02-1.06x), while the carried walk ran 1.04-1.13x the same kernel's other walk at d64
+    // causal s1k-16k (runs 247, 249, 250). Not d128's non-causal kernels: 0.97-1.02x at s512-2k,
+    // 0.93-1.10x beyond (runs 247, 249).
     // At d192 / d256 ptxas serialises the wgmma for want of registers. (Session 52's first form,
     // before the stores under the S were predicated, had ptxas inject waits at d128: C7517 /
     // C7518.)
