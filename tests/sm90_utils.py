@@ -56,26 +56,29 @@ def skip_unbuilt_head_dim(request, backward: bool = False) -> None:
         pytest.skip(f"head dim {d}: kernels {sorted(needed)} not all built (FLASH_CUDA_HEADDIMS)")
 
 
-# The key block and the pingpong, staged-O and dropout flags of the sm90 forward's traits
+# The key block and the pingpong, staged-O, dropout and carry flags of the sm90 forward's traits
 # (kernels/sm90/fwd_sm90.cuh FwdSm90Traits<HeadDim, BlockN, Stages, Pingpong, StoreOByTma,
-# Dropout>) in a kernel name, demangled (group names) or mangled (the same names + "_m"); a
-# name without the Dropout flag (before session 40) reads as not dropout.
+# Dropout, Carry>) in a kernel name, demangled (group names) or mangled (the same names + "_m"); a
+# name without the Dropout flag (before session 40) reads as not dropout, one without the Carry
+# flag (before session 55) as carry.
 _FWD_TRAITS = re.compile(
     r"FwdSm90Traits<\d+, (?P<block_n>\d+), \d+, (?P<pingpong>true|false), "
-    r"(?P<staged_o>true|false)(?:, (?P<dropout>true|false))?>|"
+    r"(?P<staged_o>true|false)(?:, (?P<dropout>true|false))?(?:, (?P<carry>true|false))?>|"
     r"FwdSm90TraitsILi\d+ELi(?P<block_n_m>\d+)ELi\d+ELb(?P<pingpong_m>[01])ELb(?P<staged_o_m>[01])"
-    r"E(?:Lb(?P<dropout_m>[01])E)?")
+    r"E(?:Lb(?P<dropout_m>[01])E)?(?:Lb(?P<carry_m>[01])E)?")
 
 
 def fwd_traits(name: str) -> dict | None:
-    """{"block_n": int, "pingpong" / "staged_o" / "dropout": bool} of an sm90 forward kernel's
-    name, or None when it holds no FwdSm90Traits."""
+    """{"block_n": int, "pingpong" / "staged_o" / "dropout" / "carry": bool} of an sm90 forward
+    kernel's name, or None when it holds no FwdSm90Traits. ("carry" is the traits' Carry flag:
+    whether a kernel built to carry a tile's first S into the tile before does so; d64's.)"""
     match = _FWD_TRAITS.search(name)
     if match is None:
         return None
     g = match.groupdict()
     flags = {k: g[k] == "true" or g[k + "_m"] == "1" for k in ("pingpong", "staged_o", "dropout")}
-    return {"block_n": int(g["block_n"] or g["block_n_m"]), **flags}
+    carry = g["carry"] != "false" and g["carry_m"] != "0"
+    return {"block_n": int(g["block_n"] or g["block_n_m"]), **flags, "carry": carry}
 # The head dim and the pingpong flag of the sm90 backward's traits (kernels/sm90/bwd_sm90.cuh
 # BwdSm90Traits<HeadDim, Pingpong, BlockM, BlockN>), demangled or mangled.
 _BWD_TRAITS = re.compile(r"BwdSm90Traits<(\d+), (true|false)|BwdSm90TraitsILi(\d+)ELb([01])")
@@ -94,12 +97,13 @@ def bwd_kernel_dropout(name: str) -> bool | None:
 @contextlib.contextmanager
 def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_block=None,
                      fwd_staged_o=None, fwd_dropout=False, bwd_dropout=False,
-                     call_head_dim=None):
+                     call_head_dim=None, fwd_carry=None):
     """FLASH_CUDA_SM90=mode inside the block (flash_api.cpp reads it per call); afterwards a CUDA
     kernel whose name contains `kernel_name` must have been launched in it. With mode "pingpong"
     every sm90 forward kernel launched must be the pingpong variant, with "1" none may be; with
     fwd_key_block, every one must have key blocks of that many rows; with fwd_staged_o (a bool),
-    every one must (not) store O through shared memory and the TMA; every one must (fwd_dropout
+    every one must (not) store O through shared memory and the TMA; with fwd_carry (a bool), every
+    one must (not) have the traits' Carry flag; every one must (fwd_dropout
     True: must; the default: must not) be the dropout variant, which has no pingpong (the mode
     is not checked then). Every sm90 backward kernel must (bwd_dropout) or must not be the
     dropout variant. Every sm90 backward kernel
@@ -129,6 +133,8 @@ def sm90_kernel_runs(monkeypatch, kernel_name: str, mode: str = "1", fwd_key_blo
             f"key blocks of {traits['block_n']}, not {fwd_key_block}, in {name!r}"
         assert fwd_staged_o in (None, traits["staged_o"]), \
             f"O {'not ' if fwd_staged_o else ''}through shared memory expected, got {name!r}"
+        assert fwd_carry in (None, traits["carry"]), \
+            f"Carry {fwd_carry} expected in the traits, got {name!r}"
     no_bwd_pingpong = os.environ.get("FLASH_CUDA_SM90_BWD_PINGPONG") == "0"
     bwd_head_dim = None if call_head_dim is None else sm90_bwd_kernel_head_dim(
         call_head_dim + -call_head_dim % 8, os.environ.get("FLASH_CUDA_SM90_BWD192") != "0")

@@ -251,19 +251,24 @@ def test_dynamic_tiles_emulated_sm90(d, feature, variant):
 
 
 @pytest.mark.parametrize(
-    "shape", ("fixed", "window_fewer_keys", "varlen", "causal", "causal_fewer_keys", "causal_off"))
+    "shape", ("fixed", "window_fewer_keys", "varlen", "causal", "causal_window", "causal_fewer_keys",
+              "causal_off", "causal_rule_short", "causal_rule_long"))
 @pytest.mark.parametrize("d", (64, 128))
 def test_first_s_carried_emulated_sm90(d, shape, monkeypatch):
-    """d64's and d128's causal first S of a tile issued at the end of the tile before
-    (FwdSm90Traits::carries_first_s; d128's non-causal kernels walk without it, checked here as
-    well), 3 CTAs walking several tiles each: fixed length with at least as many keys
-    as queries (every tile has work: the S is issued before the next tile's work is known), a
-    window over fewer keys than queries (the first tiles see no key and are stored empty between
-    carried tiles), varlen (tiles past a sequence's end skipped, one sequence without keys). The
-    causal kernels (dynamic tiles) carry it only where every tile has work: causal with fewer
-    keys than queries takes the walk without it, as does any call with FLASH_CUDA_SM90_CARRY=0."""
-    if shape == "causal_off":
-        monkeypatch.setenv("FLASH_CUDA_SM90_CARRY", "0")
+    """d64's first S of a tile issued at the end of the tile before (FwdSm90Traits::
+    carries_first_s; d128's kernels walk without it, checked here as well), 3 CTAs walking
+    several tiles each: fixed length with at least as many keys as queries (every tile has work:
+    the S is issued before the next tile's work is known), a window over fewer keys than queries
+    (the first tiles see no key and are stored empty between carried tiles), varlen (tiles past a
+    sequence's end skipped, one sequence without keys). The causal kernel (dynamic tiles) carries
+    it only where every tile has work (FLASH_CUDA_SM90_CARRY=1 here, a window of 91 keys too):
+    with fewer keys than queries it runs its twin without it (UncarriedTraits), as does any
+    causal call with FLASH_CUDA_SM90_CARRY=0; unset, the rule (fwd_sm90_carry_first_s: 512 keys
+    a row on average) leaves it out at 400 x 520 and takes it at 200 x 700."""
+    carry = {"causal": "1", "causal_window": "1", "causal_fewer_keys": "1",
+             "causal_off": "0"}.get(shape)
+    if carry is not None:
+        monkeypatch.setenv("FLASH_CUDA_SM90_CARRY", carry)
     gen = torch.Generator().manual_seed(17 + len(shape))
     if shape == "varlen":
         lens_q, lens_k = [130, 300, 70, 260], [200, 0, 310, 90]
@@ -276,17 +281,18 @@ def test_first_s_carried_emulated_sm90(d, shape, monkeypatch):
                             max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
         assert_varlen_close_to_oracle(out, lse, q, k, v, cu_q, cu_k, lens_k, max(lens_k), {})
     else:
-        sq, sk = (600, 200) if shape.endswith("fewer_keys") else (400, 520)
+        sq, sk = {"window_fewer_keys": (600, 200), "causal_fewer_keys": (600, 200),
+                  "causal_rule_long": (200, 700)}.get(shape, (400, 520))
         opts = {"window": (10, 10)} if shape == "window_fewer_keys" else {}
         if shape.startswith("causal"):
-            opts = {"causal": True}
+            opts = {"causal": True, **({"window": (90, 0)} if shape == "causal_window" else {})}
         q, k, v = make_qkv(2, sq, sk, 2, 1, d, torch.bfloat16, gen=gen, device="cpu")
         out, lse = run_sm90(q, k, v, **opts)
         assert_close_to_oracle(out, lse, q, k, v, **opts)
-    if shape in ("causal_fewer_keys", "causal_off") or (d == 128 and shape != "causal"):
+    if d == 128 or shape in ("causal_fewer_keys", "causal_off", "causal_rule_short"):
         assert "first S carried" not in driver.LAST_STDOUT
     else:
-        when = "before" if shape in ("fixed", "causal") else "after"
+        when = "after" if shape in ("window_fewer_keys", "varlen") else "before"
         assert f"first S carried, {when} the tile's work" in driver.LAST_STDOUT
 
 

@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.gpu, SM90_GPU]
 # (FLASH_CUDA_SM90=pingpong: the consumer warpgroups take turns at the tensor cores).
 # A test marked sm90_wide_keys expects d64's key blocks of 192 in the default variant (the
 # pingpong one keeps 128); a test with an `ostore` parameter (FLASH_CUDA_SM90_OSTORE) expects the
-# d128 kernel with O through shared memory where it is "1" in the default variant, else not.
+# d128 kernel with O through shared memory where it is "1" in the default variant, else not; one
+# with a `carried` parameter the default variant's traits with (True) or without the first-S carry.
 @pytest.fixture(autouse=True, params=("1", "pingpong"), ids=("default", "pingpong"))
 def sm90_forward(monkeypatch, request):
     skip_unbuilt_head_dim(request)
@@ -30,8 +31,9 @@ def sm90_forward(monkeypatch, request):
     callspec = getattr(request.node, "callspec", None)
     ostore = callspec.params.get("ostore") if callspec is not None else None
     staged_o = None if ostore is None else (ostore == "1" and request.param == "1")
+    carried = callspec.params.get("carried") if callspec is not None else None
     with sm90_kernel_runs(monkeypatch, "mha_fwd_sm90_kernel", request.param, key_block,
-                          staged_o):
+                          staged_o, fwd_carry=carried if request.param == "1" else None):
         yield
 
 
@@ -152,6 +154,28 @@ def test_wide_key_blocks_sm90(feature, d, monkeypatch):
     sk = 4096 + 99 if long else 500
     q, k, v = base.make_qkv(2, 300, sk, 8, 2, d, dtype)
     opts = tile_options(feature, 8)
+    out, lse = base.fwd(q, k, v, **opts)
+    base.assert_close_to_oracle(out, lse, q, k, v, **opts)
+
+
+@pytest.mark.parametrize("carry,shape,carried", [
+    (None, "1024x1024", True), (None, "400x520", False), (None, "200x700", True),
+    (None, "1024x1024_window", False), ("1", "400x520", True), ("1", "1024x1024_window", True),
+    ("1", "600x200", False), ("0", "1024x1024", False)])
+@pytest.mark.parametrize("d", (64,))
+def test_first_s_carry_sm90(carry, shape, carried, d, monkeypatch):
+    """d64's causal kernel with a tile's first S issued at the end of the tile before, or its twin
+    without it (FwdSm90Config::UncarriedTraits; the fixture checks which ran): by the rule
+    (fwd_sm90_carry_first_s: where every tile has work and a row sees 512 keys or more on
+    average: 1024 x 1024 and 200 x 700 do, 400 x 520 and a window of 300 keys do not), forced by
+    FLASH_CUDA_SM90_CARRY=1 wherever every tile has work (not with fewer keys than queries), off
+    with =0; GQA, bf16, against the oracle."""
+    if carry is not None:
+        monkeypatch.setenv("FLASH_CUDA_SM90_CARRY", carry)
+    sq, sk = (int(n) for n in shape.split("_")[0].split("x"))
+    q, k, v = base.make_qkv(2, sq, sk, 8, 2, d, torch.bfloat16)
+    opts = {"causal": True, **({"window": (300, 0)} if shape.endswith("window") else {})}
+    base.poison_allocator(q.numel() * 2 + 2 * sq * 8 * 4)  # out and lse start as NaN
     out, lse = base.fwd(q, k, v, **opts)
     base.assert_close_to_oracle(out, lse, q, k, v, **opts)
 

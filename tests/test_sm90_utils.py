@@ -16,25 +16,34 @@ MANGLED = "_ZN10flash_cuda4sm9019mha_fwd_sm90_kernelI13__nv_bfloat16NS0_13{}EELb
 
 
 @pytest.mark.parametrize("name, want", [
-    (KERNEL.format("FwdSm90Traits<128, 128, 2, false, false, true>"),
-     dict(block_n=128, pingpong=False, staged_o=False, dropout=True)),
-    (KERNEL.format("FwdSm90Traits<64, 192, 3, true, false, false>"),
-     dict(block_n=192, pingpong=True, staged_o=False, dropout=False)),
-    (MANGLED.format("FwdSm90TraitsILi256ELi80ELi2ELb0ELb1ELb0E"),
-     dict(block_n=80, pingpong=False, staged_o=True, dropout=False)),
-    (MANGLED.format("FwdSm90TraitsILi128ELi128ELi2ELb0ELb0ELb1E"),
-     dict(block_n=128, pingpong=False, staged_o=False, dropout=True)),
+    (KERNEL.format("FwdSm90Traits<128, 128, 2, false, false, true, true>"),
+     dict(block_n=128, pingpong=False, staged_o=False, dropout=True, carry=True)),
+    (KERNEL.format("FwdSm90Traits<64, 192, 3, true, false, false, true>"),
+     dict(block_n=192, pingpong=True, staged_o=False, dropout=False, carry=True)),
+    (KERNEL.format("FwdSm90Traits<64, 128, 3, false, false, false, false>"),
+     dict(block_n=128, pingpong=False, staged_o=False, dropout=False, carry=False)),
+    (MANGLED.format("FwdSm90TraitsILi256ELi80ELi2ELb0ELb1ELb0ELb1E"),
+     dict(block_n=80, pingpong=False, staged_o=True, dropout=False, carry=True)),
+    (MANGLED.format("FwdSm90TraitsILi128ELi128ELi2ELb0ELb0ELb1ELb1E"),
+     dict(block_n=128, pingpong=False, staged_o=False, dropout=True, carry=True)),
+    (MANGLED.format("FwdSm90TraitsILi64ELi128ELi3ELb0ELb0ELb0ELb0E"),
+     dict(block_n=128, pingpong=False, staged_o=False, dropout=False, carry=False)),
 ])
 def test_fwd_traits(name, want):
     assert fwd_traits(name) == want
 
 
-def test_fwd_traits_without_dropout_flag():
-    """Names of the five-flag traits (before session 40) still parse, as not dropout."""
+def test_fwd_traits_without_dropout_or_carry_flag():
+    """Names of the five-flag traits (before session 40) and of the six-flag ones (before session
+    55) still parse, as not dropout and as carry."""
     assert fwd_traits(KERNEL.format("FwdSm90Traits<128, 80, 2, false, true>")) == \
-        dict(block_n=80, pingpong=False, staged_o=True, dropout=False)
+        dict(block_n=80, pingpong=False, staged_o=True, dropout=False, carry=True)
     assert fwd_traits(MANGLED.format("FwdSm90TraitsILi64ELi128ELi3ELb1ELb0E")) == \
-        dict(block_n=128, pingpong=True, staged_o=False, dropout=False)
+        dict(block_n=128, pingpong=True, staged_o=False, dropout=False, carry=True)
+    assert fwd_traits(KERNEL.format("FwdSm90Traits<64, 128, 3, false, false, true>")) == \
+        dict(block_n=128, pingpong=False, staged_o=False, dropout=True, carry=True)
+    assert fwd_traits(MANGLED.format("FwdSm90TraitsILi256ELi80ELi2ELb0ELb1ELb0E")) == \
+        dict(block_n=80, pingpong=False, staged_o=True, dropout=False, carry=True)
 
 
 def test_fwd_traits_other_kernels():

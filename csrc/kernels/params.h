@@ -195,9 +195,6 @@ struct FwdParams : public QKVParams {
     // sm90 forward: every tile has rows and a visible key (fwd_sm90_host.h
     // fwd_sm90_every_tile_has_work), so a tile's first S can be issued before its work is known.
     bool sm90_every_tile_has_work;
-    // sm90 forward: a kernel built to carry a tile's first S into the tile before does so on this
-    // call (fwd_sm90_host.h fwd_sm90_carry_first_s); false: it walks its tiles as the others.
-    bool sm90_carry_first_s;
     // sm90 forward, persistent calls with dynamic tiles (fwd_sm90_host.h fwd_sm90_dynamic_tiles):
     // one int, zeroed before the launch, from which each CTA takes its next tile (atomicAdd);
     // nullptr: each CTA walks its tiles in a fixed order.

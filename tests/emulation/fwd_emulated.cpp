@@ -92,7 +92,6 @@ void run_sm90_traits(FwdParams& params) {
     namespace s90 = flash_cuda::sm90;
     s90::FwdTensorMaps maps;
     CUtensorMap o_map;
-    params.sm90_carry_first_s = s90::fwd_sm90_carry_first_s<Traits, Causal>(params);  // launcher's
     if (s90::make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &maps) != 0 ||
         s90::make_fwd_out_map(params, Traits::kStoreOByTma, &o_map) != 0) {
         std::fprintf(stderr, "emulation error: tensor maps rejected\n");
@@ -103,7 +102,7 @@ void run_sm90_traits(FwdParams& params) {
                 Traits::kPingpong ? " (pingpong)" : "", Traits::kBlockN,
                 Traits::kStoreOByTma ? "by TMA" : "from registers",
                 params.sm90_tile_counter != nullptr ? "dynamic" : "fixed", params.sm90_tail_pairs,
-                !params.sm90_carry_first_s        ? ""
+                !Traits::carries_first_s(Causal)    ? ""
                 : params.sm90_every_tile_has_work ? ", first S carried, before the tile's work"
                                                   : ", first S carried, after the tile's work");
     // A persistent grid of 3 CTAs (EMU_NUM_SMS) for every call, whatever the launcher's rule

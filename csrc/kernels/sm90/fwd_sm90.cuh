@@ -84,7 +84,7 @@ namespace flash_cuda {
 namespace sm90 {
 
 template <int HeadDim, int BlockN, int Stages, bool Pingpong, bool StoreOByTma = false,
-          bool Dropout = false>
+          bool Dropout = false, bool Carry = true>
 struct FwdSm90Traits {
     static constexpr int kHeadDim = HeadDim;
     // Dropout of P (dropout.cuh's mask, the sm80 kernels' and the reference's): the dropped
@@ -105,25 +105,26 @@ struct FwdSm90Traits {
     // Whether a tile's first S is issued at the end of the tile before (the kernel's
     // issue_first_s), as soon as that tile's last P V has landed, so that the tensor cores have
     // work under that tile's O stores and this tile's set-up, which otherwise leave them idle
-    // between tiles. d64's kernels and d128's causal ones, without dropout or the pingpong
-    // turns. Session 52's d64 non-causal kernel (an H100, run 246): s512-2k 1.04-1.07x. These
-    // kernels have both walks, chosen per call (params.sm90_carry_first_s), which costs: against
-    // session 52's kernels (an H100, bench/NOTES.md run 251) d64 causal s2k-16k 1.01-1.03x but
-    // s512 0.97-0.98x, d64 non-causal s512-1k 0.97-0.99x, d128 causal 0.98-1.02x (GQA 32/8
-    // 1.02-1.06x), while the carried walk ran 1.04-1.13x the same kernel's other walk at d64
-    // causal s1k-16k (runs 247, 249, 250). Not d128's non-causal kernels: 0.97-1.02x at s512-2k,
-    // 0.93-1.10x beyond (runs 247, 249).
-    // At d192 / d256 ptxas serialises the wgmma for want of registers. (Session 52's first form,
-    // before the stores under the S were predicated, had ptxas inject waits at d128: C7517 /
-    // C7518.)
-    static constexpr bool carries_first_s(bool causal) {
-        return (HeadDim == 64 || (HeadDim == 128 && causal)) && !Dropout && !Pingpong;
+    // between tiles. d64's kernels, without dropout or the pingpong turns. Session 52's
+    // non-causal kernel (an H100, run 246): s512-2k 1.04-1.07x. The causal one (an H100, run 252,
+    // against the same traits with Carry = false): s1k-16k 1.02-1.05x, s512 0.93-0.97x (hence
+    // fwd_sm90_carry_first_s's length rule). Not d128's kernels: non-causal 0.97-1.02x at
+    // s512-2k, 0.93-1.10x beyond (runs 247, 249), causal 0.98-1.02x (run 251) and 0.95-1.01x (run
+    // 252), no more than identical kernels moved between processes (0.95-1.07x, run 253); at d192
+    // / d256 ptxas serialises the wgmma for want of registers. (Session 52's first form, before
+    // the stores under the S were predicated, had ptxas inject waits at d128: C7517 / C7518.)
+    // Carry = false: the causal kernel without it (FwdSm90Config's UncarriedTraits, for the calls
+    // fwd_sm90_carry_first_s leaves out), a separate instantiation: one kernel with both walks (a
+    // run-time choice, session 54) cost both (runs 249 and 251: its non-causal s512-1k 0.97-0.99x
+    // the kernel with the carried walk alone).
+    static constexpr bool carries_first_s(bool /*causal: both ways*/) {
+        return Carry && HeadDim == 64 && !Dropout && !Pingpong;
     }
-    // The causal kernels carry it only on calls where every tile has work (the kernel's
-    // params.sm90_every_tile_has_work), the others take the walk without it: searching for the
-    // next tile with work under the S (the dynamic tiles' ring, empty tiles stored) cost ptxas
-    // its proof that the warps converged inside the key loop (BRA.DIV / WARPSYNC before its
-    // shuffles and wgmma; 0.87-0.94x at s512-4k, run 246).
+    // The causal kernel carries it only on the calls fwd_sm90_carry_first_s picks, all of them
+    // with work in every tile (params.sm90_every_tile_has_work): searching for the next tile with
+    // work under the S (the dynamic tiles' ring, empty tiles stored) cost ptxas its proof that the
+    // warps converged inside the key loop (BRA.DIV / WARPSYNC before its shuffles and wgmma;
+    // 0.87-0.94x at s512-4k, run 246), so its carried walk has no search.
     static constexpr bool carries_first_s_on_every_call(bool causal) {
         return carries_first_s(causal) && !causal;
     }
@@ -217,12 +218,16 @@ struct FwdSm90Config {
     using WideTraits = FwdSm90Traits<HeadDim, 192, 3, false>;  // HeadDim 64 only
     using StagedOTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, true>;  // d >= 128
     using DropoutTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, false, true>;
+    // Traits without the first-S carry (FwdSm90Traits::carries_first_s: d64's causal kernel has a
+    // twin of these), for the causal calls fwd_sm90_carry_first_s leaves out.
+    using UncarriedTraits = FwdSm90Traits<HeadDim, kBlockN, kStages, false, false, false, false>;
 };
 
 // The traits a call runs, passed as f(Traits{}) (the launcher and the CPU emulator): dropout's
 // (the default tile with the mask), d64's wide key blocks (fwd_sm90_wide_key_blocks), the staged
 // O (fwd_sm90_store_o_by_tma), else the pingpong or the default tile (params.sm90_pingpong). The
-// rules never pick a variant with pingpong.
+// rules never pick a variant with pingpong. The default tile without the first-S carry where
+// fwd_sm90_carry_first_s leaves it out (after sm90_every_tile_has_work is set).
 template <int HeadDim, bool Causal, typename F>
 void with_fwd_sm90_traits(const FwdParams& params, F&& f) {
     using Config = FwdSm90Config<HeadDim>;
@@ -234,6 +239,12 @@ void with_fwd_sm90_traits(const FwdParams& params, F&& f) {
         if (fwd_sm90_store_o_by_tma(params)) return f(typename Config::StagedOTraits{});
     }
     if (params.sm90_pingpong) return f(typename Config::PingpongTraits{});
+    if constexpr (Config::Traits::carries_first_s(Causal) &&
+                  !Config::Traits::carries_first_s_on_every_call(Causal)) {
+        if (!fwd_sm90_carry_first_s(params)) {
+            return f(typename Config::UncarriedTraits{});
+        }
+    }
     f(typename Config::Traits{});
 }
 
@@ -720,17 +731,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
 
     // One tile with work. It ends with finish(stores), stores being its stores of O from the
-    // registers; finish returns whether the walk goes on (carried, kCarryFirstS kernels' carried
-    // walk: it finds the next tile and issues its first S before the stores, and overwrites w with
-    // the next tile's work: w is not read after finish starts).
-    auto run_tile = [&](auto carried, const TileWork& w, auto finish) {
-        constexpr bool kCarried = decltype(carried)::value;
+    // registers; finish returns whether the walk goes on (kCarryFirstS: it finds the next tile and
+    // issues its first S before the stores, and overwrites w with the next tile's work: w is not
+    // read after finish starts).
+    auto run_tile = [&](const TileWork& w, auto finish) {
         const int batch = w.tile.batch, head = w.tile.head, m0 = w.m0;
         const int n_block_max = w.n_block_max;
         const int n_iters = w.n_iters();
         const sm80::OutputTile<Element> out =
             sm80::OutputTile<Element>::make(params, w.seq, batch, head, m0, kBlockM);
-        if constexpr (!kCarried) {  // (carried: next_tile_with_work stored it)
+        if constexpr (!kCarryFirstS) {  // (kCarryFirstS: next_tile_with_work stored it)
             if (n_iters <= 0) {
                 store_empty_tile(out);
                 return true;
@@ -807,8 +817,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // leaves it unsure which group a wait retires.
         // Q is released (empty_q) once the tile's last S has landed, so that the producer loads
         // the next tile's Q under this tile's last block and epilogue.
-        // The first S: issued here, or (carried) at the end of the tile before.
-        if constexpr (!kCarried) issue_first_s();
+        // The first S: issued here, or (kCarryFirstS) at the end of the tile before.
+        if constexpr (!kCarryFirstS) issue_first_s();
         release_o_buffers();  // the previous tile's O stores, under this S
         ptx90::wgmma_wait<0>();
         ptx90::fence_operand(acc_s);
@@ -930,12 +940,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             for (int i = 0; i < Traits::kHeadDim / 2; ++i) acc_o[i] *= params.rp_keep;
         }
         // Row g (half 0) / g + 8 (half 1) of O, columns 8 dt + 2 (lane % 4) + {0, 1}, packed
-        // (carried: all of it before the next tile's first S is issued).
-        [[maybe_unused]] uint32_t o_packed[2][kCarried ? Traits::kHeadDim / 8 : 1];
+        // (kCarryFirstS: all of it before the next tile's first S is issued).
+        [[maybe_unused]] uint32_t o_packed[2][kCarryFirstS ? Traits::kHeadDim / 8 : 1];
         auto o_pair = [&](int dt, int half) {
             return ptx::pack_float2<Element>(o_frag[0][dt][2 * half], o_frag[0][dt][2 * half + 1]);
         };
-        if constexpr (kCarried) {
+        if constexpr (kCarryFirstS) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -984,7 +994,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
                     ptx::st_shared_4(row_addr + o_slab_offset(dt / 8) +
                                          (((dt % 8) ^ (lane / 4)) << 4),
-                                     kCarried ? o_packed[half][dt] : o_pair(dt, half));
+                                     kCarryFirstS ? o_packed[half][dt] : o_pair(dt, half));
                 }
             }
             ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
@@ -996,16 +1006,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
                 ptx90::bulk_commit_group();
             }
-            if constexpr (!kCarried) return finish([] {});
+            if constexpr (!kCarryFirstS) return finish([] {});
         }
-        // The stores of O (unless staged) and lse from the registers. Carried: predicated,
+        // The stores of O (unless staged) and lse from the registers. kCarryFirstS: predicated,
         // no divergent branch (they run under the next tile's first S, and ptxas would wait for
         // the wgmma before a divergent branch: C7517 / C7518).
         auto store_from_registers = [&] {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int row = warp_row0 + 8 * half + lane / 4;  // in the tile
-                if constexpr (kCarried) {
+                if constexpr (kCarryFirstS) {
                     ptx::st_global_4_if(out.lse + row, __float_as_uint(lse[0][half]),
                                         lane % 4 == 0 && row < out.valid_rows);
                 } else if (row >= out.valid_rows) {
@@ -1017,7 +1027,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
                     for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
                         // Only the call's d columns (a multiple of 8; the rest are zero padding).
-                        if constexpr (kCarried) {
+                        if constexpr (kCarryFirstS) {
                             ptx::st_global_4_if(o_row + 8 * dt, o_packed[half][dt],
                                                 row < out.valid_rows && 8 * dt < params.d);
                         } else if (8 * dt < params.d) {
@@ -1030,62 +1040,54 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return finish(store_from_registers);
     };
 
-    // The walks. Carried (kCarryFirstS kernels where params.sm90_carry_first_s: the causal ones
-    // only on calls where every tile has work): a tile's first S is in flight whenever run_tile
-    // starts one, so that no path that reaches it has none (ptxas would otherwise wait for the
-    // wgmma at the merge). (In the causal kernels, a single run-time flag for it: with a second
-    // one, ptxas serialised d128's wgmma, C7515, and injected waits, C7517.)
+    // The walk. kCarryFirstS: a tile's first S is in flight whenever run_tile starts one, so that
+    // no path that reaches it has none (ptxas would otherwise wait for the wgmma at the merge).
     int round = 0;
-    auto uncarried_walk = [&] {  // (and the kernels without kCarryFirstS)
-        for (int tile_index = take_tile(0); tile_index < num_tiles;
-             tile_index = take_tile(++round)) {
-            const TileWork tile = tile_work(tile_index);
-            if (!tile.has_rows()) continue;  // varlen: this sequence is shorter than the grid
-            run_tile(std::false_type{}, tile, [](auto stores) {
-                stores();
-                return true;
-            });
-        }
-    };
-    // Where every tile has work: each next tile is found under its first S. (Always so in the
-    // causal kernels' carried walk: the search for one with work is compiled out there.)
-    auto every_tile_has_work = [&] {
-        return !Traits::carries_first_s_on_every_call(Causal) || params.sm90_every_tile_has_work;
-    };
     if constexpr (kCarryFirstS) {
+        // Where every tile has work: each next tile is found under its first S. (Always so in the
+        // causal kernels: with_fwd_sm90_traits runs them only then, and their walk has no search
+        // for a tile with work.)
+        auto every_tile_has_work = [&] {
+            return !Traits::carries_first_s_on_every_call(Causal) ||
+                   params.sm90_every_tile_has_work;
+        };
         TileWork w;
-        if (params.sm90_carry_first_s) {
-            if (next_tile_with_work(round, w)) {
-                issue_first_s();
-                // Each path from the stores to the next run_tile issues a first S: at a merge of
-                // one with and one without a wgmma in flight ptxas would wait for it.
-                while (run_tile(std::true_type{}, w, [&](auto stores) {
-                    if (every_tile_has_work()) {
-                        const int tile_index = take_tile(++round);
-                        if (tile_index >= num_tiles) {
-                            stores();
-                            return false;
-                        }
-                        issue_first_s();
-                        w = tile_work(tile_index);
-                        stores();
-                        return true;
-                    }
-                    if (!next_tile_with_work(++round, w)) {
+        if (next_tile_with_work(round, w)) {
+            issue_first_s();
+            // Each path from the stores to the next run_tile issues a first S: at a merge of one
+            // with and one without a wgmma in flight ptxas would wait for it.
+            while (run_tile(w, [&](auto stores) {
+                if (every_tile_has_work()) {
+                    const int tile_index = take_tile(++round);
+                    if (tile_index >= num_tiles) {
                         stores();
                         return false;
                     }
                     issue_first_s();
+                    w = tile_work(tile_index);
                     stores();
                     return true;
-                })) {
                 }
+                if (!next_tile_with_work(++round, w)) {
+                    stores();
+                    return false;
+                }
+                issue_first_s();
+                stores();
+                return true;
+            })) {
             }
-        } else {
-            uncarried_walk();
         }
     } else {
-        uncarried_walk();
+        for (int tile_index = take_tile(0); tile_index < num_tiles;
+             tile_index = take_tile(++round)) {
+            const TileWork tile = tile_work(tile_index);
+            if (!tile.has_rows()) continue;  // varlen: this sequence is shorter than the grid
+            run_tile(tile, [](auto stores) {
+                stores();
+                return true;
+            });
+        }
     }
     // The shared memory must outlive the TMA stores' reads of it.
     release_o_buffers();

@@ -309,16 +309,22 @@ inline bool fwd_sm90_every_tile_has_work(const FwdParams& p) {
     return p.cu_seqlens_q == nullptr && p.seqlen_k >= p.seqlen_q && p.seqlen_k > 0;
 }
 
-// Whether the kernel of these traits issues a tile's first S at the end of the tile before on
-// this call (FwdParams::sm90_carry_first_s; after sm90_every_tile_has_work is set): where it is
-// built to (FwdSm90Traits::carries_first_s), on every call (carries_first_s_on_every_call) or
-// where every tile has work; never with FLASH_CUDA_SM90_CARRY=0 (A/B runs, tests; read per
-// call). Otherwise it walks its tiles as the other kernels do.
-template <typename Traits, bool Causal>
-bool fwd_sm90_carry_first_s(const FwdParams& p) {
-    return Traits::carries_first_s(Causal) &&
-           env_choice("FLASH_CUDA_SM90_CARRY") != EnvChoice::kOff &&
-           (Traits::carries_first_s_on_every_call(Causal) || p.sm90_every_tile_has_work);
+// Whether a causal call of a kernel built to issue a tile's first S at the end of the tile before
+// (FwdSm90Traits::carries_first_s: d64's) runs it (with_fwd_sm90_traits; after
+// sm90_every_tile_has_work is set). Only where every tile has work; there, by the rule, where a
+// row sees 512 keys or more on average (causal: seqlen_k - seqlen_q / 2, at most the window):
+// measured on an H100 (bench/NOTES.md run 252) at s1k-16k 1.02-1.05x, at s512 (256 keys a row)
+// 0.93-0.97x. FLASH_CUDA_SM90_CARRY=0 never, another value wherever every tile has work (tests,
+// A/B runs; read per call). Otherwise the call runs the same traits without it
+// (FwdSm90Config::UncarriedTraits). (d64's non-causal kernels carry it on every call and have no
+// such twin.)
+inline bool fwd_sm90_carry_first_s(const FwdParams& p) {
+    if (!p.sm90_every_tile_has_work) return false;
+    const EnvChoice choice = env_choice("FLASH_CUDA_SM90_CARRY");
+    if (choice != EnvChoice::kRule) return choice == EnvChoice::kAll;
+    long keys_per_row = long(p.seqlen_k) - p.seqlen_q / 2;
+    if (p.window_size_left >= 0) keys_per_row = std::min(keys_per_row, p.window_size_left + 1L);
+    return keys_per_row >= 512;
 }
 
 // The map of the output o (fixed length: (column, row, head, batch), rows = seqlen_q, boxes of 64

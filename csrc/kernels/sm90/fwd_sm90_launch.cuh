@@ -77,7 +77,6 @@ void run_mha_fwd_sm90(FwdParams& params, cudaStream_t stream) {
     sm90::prepare_fwd_sm90_level_order(params);
     params.sm90_every_tile_has_work = sm90::fwd_sm90_every_tile_has_work(params);
     sm90::with_fwd_sm90_traits<HeadDim, Causal>(params, [&](auto traits) {
-        params.sm90_carry_first_s = sm90::fwd_sm90_carry_first_s<decltype(traits), Causal>(params);
         sm90::launch_fwd_sm90<Element, decltype(traits), Causal>(params, ctas, stream);
     });
 }
