@@ -60,6 +60,12 @@ def test_large_magnitude_sm90(dtype, causal, d):
     base.test_large_magnitude(dtype, causal, d)
 
 
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_short_rows_lse_bf16_sm90(causal, d):
+    base.test_short_rows_lse_bf16(causal, d)
+
+
 @pytest.mark.parametrize("layout", ("packed_qkv", "transposed", "misaligned"))
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_non_contiguous_sm90(layout, d):

@@ -14,19 +14,30 @@
 //   o     = o * 2^((m_old - m_new) * log2_scale)             (then o += P V)
 // Masked scores are -inf and give p = 0; a row whose scores are all -inf so far keeps
 // m = -inf and uses 0 as its exponent offset, so no inf - inf NaN appears. log2_scale > 0.
-// l is the sum of P as rounded to 16 bits for P V, computed by the tensor cores as P times a
-// matrix of ones next to P V (warp_gemm.cuh). Out = (P V) / l is then an exact convex
-// combination of the rounded P: a one-hot row gives its value exactly, although its maximum
-// has p = 2^r with r the rounding residual of m_new * log2_scale (|r| ~ 5e-4 at |s| ~ 1e4),
-// which the 16-bit P and an fp32 sum of the unrounded p would each see differently. It also
-// saves the per-element FADD of the sum and the final quad reduction.
+// l by input type (kRowSumsOfFp32P below):
+// - fp16: the sum of the P that P V multiplies, computed by the tensor cores as P times a matrix
+//   of ones next to P V (sm80/warp_gemm.cuh warp_gemm_p_rowsum; the sm90 kernel's wgmma m64n8),
+//   or by FADDs of the unpacked P. Out = (P V) / l is then an exact convex combination of the
+//   rounded P: a one-hot row gives its value exactly, although its maximum has p = 2^r with r
+//   the rounding residual of m_new * log2_scale (|r| ~ 5e-4 at |s| ~ 1e4), which the 16-bit P
+//   and an fp32 sum of the unrounded p would each see differently. lse is within fp16's
+//   rounding of P (2^-11) of exact.
+// - bf16: the sum of the fp32 p, by FADDs (add_row_sums, or update_scores' kSumP), per thread,
+//   made whole rows by reduce_row_sums. With bf16's 8 significant bits, sums of the rounded P
+//   put lse up to ~1.7e-3 off on rows of a few keys; these put it ~1e-6 off. Out divides the
+//   bf16 P's products by a sum that differs from theirs by bf16's rounding of P.
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/ptx.cuh"
 
 namespace flash_cuda {
+
+// Whether the row sums are of the fp32 P (bf16 inputs) or of the P that P V multiplies (fp16).
+template <typename Element>
+inline constexpr bool kRowSumsOfFp32P = std::is_same_v<Element, __nv_bfloat16>;
 
 __device__ __forceinline__ float quad_allreduce_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -81,11 +92,11 @@ struct OnlineSoftmax {
     // P V is still accumulating into o, and rescales o once that has landed. Each pair of
     // probabilities is also handed to on_pair(mt, nt, half, p0, p1) right after its exponentials
     // (the sm90 kernel packs them into P V's A fragments there).
-    template <int kNTiles, typename OnPair = NoPair>
+    template <bool kSumP = false, int kNTiles, typename OnPair = NoPair>
     __device__ __forceinline__ void update_scores(float (&s)[kMTiles][kNTiles][4],
                                                   float log2_scale, float (&o_scale)[kMTiles][2],
                                                   OnPair&& on_pair = {}) {
-        update_rows(
+        update_rows<kSumP>(
             s, log2_scale, [&](int mt, int half, float scale) { o_scale[mt][half] = scale; },
             on_pair);
     }
@@ -104,7 +115,10 @@ struct OnlineSoftmax {
 
     // Per row: the new max, p = 2^(s log2_scale - max log2_scale) in place, row_sum rescaled, and
     // scale_o(mt, half, factor) with the output's rescale factor (update / update_scores).
-    template <int kNTiles, typename ScaleO, typename OnPair = NoPair>
+    // kSumP: row_sum also gains this thread's share of the row's fp32 p, added pair by pair right
+    // behind the exponentials (add_row_sums adds them after all of them instead). The shares are
+    // per thread: quad_allreduce_sum makes them whole rows at the end.
+    template <bool kSumP = false, int kNTiles, typename ScaleO, typename OnPair = NoPair>
     __device__ __forceinline__ void update_rows(float (&s)[kMTiles][kNTiles][4], float log2_scale,
                                                 ScaleO&& scale_o, OnPair&& on_pair = {}) {
 #pragma unroll
@@ -128,6 +142,7 @@ struct OnlineSoftmax {
                         ? 1.f
                         : ptx::exp2_approx((row_max[mt][half] - new_max) * log2_scale);
                 row_max[mt][half] = new_max;
+                if constexpr (kSumP) row_sum[mt][half] *= o_scale;
 #pragma unroll
                 for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
@@ -135,9 +150,44 @@ struct OnlineSoftmax {
                         s[mt][nt][e] = ptx::exp2_approx(fmaf(s[mt][nt][e], log2_scale, -max_scaled));
                     }
                     on_pair(mt, nt, half, s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+                    if constexpr (kSumP) {
+                        row_sum[mt][half] += s[mt][nt][2 * half] + s[mt][nt][2 * half + 1];
+                    }
                 }
-                row_sum[mt][half] *= o_scale;
+                if constexpr (!kSumP) row_sum[mt][half] *= o_scale;
                 scale_o(mt, half, o_scale);
+            }
+        }
+    }
+
+    // row_sum += this thread's share of each row's p (fp32, as update / update_scores left it in
+    // `p`), four chains of adds per row; quad_allreduce_sum makes them whole rows at the end.
+    template <int kNTiles>
+    __device__ __forceinline__ void add_row_sums(const float (&p)[kMTiles][kNTiles][4]) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int nt = 0; nt < kNTiles; ++nt) {
+                    part[2 * (nt % 2)] += p[mt][nt][2 * half];
+                    part[2 * (nt % 2) + 1] += p[mt][nt][2 * half + 1];
+                }
+                row_sum[mt][half] += (part[0] + part[1]) + (part[2] + part[3]);
+            }
+        }
+    }
+
+    // After the key loop: whole-row sums from the per-thread shares of add_row_sums / kSumP /
+    // the FADDs of the unpacked P. The rescales and the key-split decode tile's merge
+    // (sm80/decode_keysplit.cuh) are linear in the shares, so they may come before this.
+    __device__ __forceinline__ void reduce_row_sums() {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                row_sum[mt][half] = quad_allreduce_sum(row_sum[mt][half]);
             }
         }
     }

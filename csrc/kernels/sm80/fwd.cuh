@@ -520,6 +520,7 @@ __device__ __forceinline__ void store_output(const FwdParams& params, int batch,
     const bool owns_rows = (tid / 32) % Traits::kKeySlices == 0;
 
     float lse[kMTiles][2];
+    if constexpr (kRowSumsOfFp32P<Element>) softmax.reduce_row_sums();
     softmax.finalize(acc_o, lse, log2_scale);
     if (Traits::kPackGQA && params.gqa_pack > 1) {
         // GQA-packed tile (head = the KV head): each row to its own (position, head).
@@ -1039,6 +1040,7 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
         }
 
         softmax.update(acc_s, acc_o, log2_scale);
+        if constexpr (kRowSumsOfFp32P<Element>) softmax.add_row_sums(acc_s);
         uint32_t p_frag[kMTiles][WarpGemm::kBlockN / 16][4];
         convert_p_to_a_fragments<Element, WarpGemm>(p_frag, acc_s);
 
@@ -1052,7 +1054,9 @@ __global__ void __launch_bounds__(Traits::kLaunchThreads, 1)
             ptx::cp_async_commit();
         }
 
-        warp_gemm_p_rowsum<Element, WarpGemm>(softmax.row_sum, p_frag);
+        if constexpr (!kRowSumsOfFp32P<Element>) {
+            warp_gemm_p_rowsum<WarpGemm>(softmax.row_sum, p_frag);
+        }
         if constexpr (IsDropout) {  // on the packed fragments, after the row sums (undropped l)
             apply_dropout(p_frag,
                           DropoutMask{cta.dropout_seed, cta.dropout_stream, params.p_keep_threshold},

@@ -3,7 +3,8 @@
 //
 //   S (kWarpRows x kBlockN, fp32) += Q[warp rows] (kWarpRows x HeadDim) * K^T   (K: kBlockN x HeadDim)
 //   O (kWarpRows x HeadDim, fp32) += P (kWarpRows x kBlockN, from S registers) * V   (V: kBlockN x HeadDim)
-//   l (kWarpRows x 8, fp32)       += P * ones (kBlockN x 8): the softmax row sums of the 16-bit P
+//   l (kWarpRows x 8, fp32)       += P * ones (kBlockN x 8): the softmax row sums of the fp16 P
+//                                    (bf16 inputs: FADDs of the fp32 P, softmax.cuh)
 //
 // ldmatrix.x4 lane addresses (lane l gives the 16-byte row of matrix l / 8; see ptx.cuh):
 //   Q (A operand, 16 rows x 16 k):  row l % 16,                col 8 (l / 16)
@@ -84,18 +85,14 @@ __device__ __forceinline__ void convert_p_to_a_fragments(
     }
 }
 
-// A pair of 16-bit ones: the B fragment of a matrix of ones (no shared memory needed).
-template <typename Element>
-constexpr uint32_t kPackedOnes = 0;
-template <>
-constexpr uint32_t kPackedOnes<__half> = 0x3C003C00u;
-template <>
-constexpr uint32_t kPackedOnes<__nv_bfloat16> = 0x3F803F80u;
+// A pair of fp16 ones: the B fragment of a matrix of ones (no shared memory needed).
+constexpr uint32_t kPackedHalfOnes = 0x3C003C00u;
 
-// row_sum[kMTiles][2] (rows g and g + 8 of each 16-row slice) += P * ones: the row sums of P
-// as rounded to 16 bits for P V, from the tensor cores. Every column of P * ones is the row
-// sum, so one short-lived m16n8 fragment per slice gives whole rows (no quad reduction).
-template <typename Element, typename Traits>
+// row_sum[kMTiles][2] (rows g and g + 8 of each 16-row slice) += P * ones, fp16 inputs (bf16:
+// softmax.cuh kRowSumsOfFp32P): the row sums of P as rounded to 16 bits for P V, from the tensor
+// cores. Every column of P * ones is the row sum, so one short-lived m16n8 fragment per slice
+// gives whole rows (no quad reduction).
+template <typename Traits>
 __device__ __forceinline__ void warp_gemm_p_rowsum(
     float (&row_sum)[Traits::kMTiles][2],
     const uint32_t (&p_frag)[Traits::kMTiles][Traits::kBlockN / 16][4]) {
@@ -104,8 +101,7 @@ __device__ __forceinline__ void warp_gemm_p_rowsum(
         float block_sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
-            ptx::mma_16816<Element>(block_sum, p_frag[mt][kk], kPackedOnes<Element>,
-                                    kPackedOnes<Element>);
+            ptx::mma_16816<__half>(block_sum, p_frag[mt][kk], kPackedHalfOnes, kPackedHalfOnes);
         }
         row_sum[mt][0] += block_sum[0];
         row_sum[mt][1] += block_sum[2];

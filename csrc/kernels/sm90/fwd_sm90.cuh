@@ -17,11 +17,13 @@
 //       mma.m16n8 C layout of the sm80 kernels: mask.cuh and softmax.cuh apply as they are)
 //       O += P V       wgmma m64 n HeadDim k16, P from registers (the S accumulators converted
 //                      to A fragments in place), V MN-major from shared memory (RS)
-//       l += P 1       wgmma m64 n8 k16 beside each P V step, B = 1024 bytes of ones in shared
-//                      memory: the row sums of the same rounded P that P V multiplies, on the
-//                      tensor cores (no ALU work per score), rescaled with O -- when causal
-//                      and in d64's 128-key kernel; else FADDs of the 16-bit P per thread
-//                      (add_p_row_sums), quad-reduced at the epilogue (kRowSumsOnTensorCores)
+//       l += P 1       bf16: FADDs of the fp32 P (OnlineSoftmax add_row_sums, or in d64's
+//                      non-causal kernels right behind the exponentials, kSumP). fp16: the
+//                      same rounded P that P V multiplies: a wgmma m64 n8 k16 beside each P V
+//                      step, B = 1024 bytes of ones in shared memory (no ALU work per score),
+//                      rescaled with O, when causal and in d64's 128-key kernel; else FADDs of
+//                      the unpacked P (add_p_row_sums). FADD sums are per thread, quad-reduced
+//                      at the epilogue (kRowSumsOnTensorCores)
 //       dropout        (DropoutTraits) P's A fragments masked after the FADD row sums, under
 //                      the next S (dropout.cuh apply_dropout_via_smem at d64 / d128, with a
 //                      scratch of 2 KB (d64) / 1 KB (d128) per consumer warp;
@@ -404,8 +406,8 @@ struct MapRows {
     }
 };
 
-// row_sum[0][half] += this thread's share of row g (half 0) / g + 8 (half 1) of P, as rounded
-// to 16 bits for P V (p_frag: the A fragments of P; registers 0 / 2 hold row g, 1 / 3 row
+// row_sum[0][half] += this thread's share of row g (half 0) / g + 8 (half 1) of P (fp16), as
+// rounded to 16 bits for P V (p_frag: the A fragments of P; registers 0 / 2 hold row g, 1 / 3 row
 // g + 8): FADDs of the unpacked values, four partial sums per row. The sums stay per thread
 // through the key loop (the rescale is linear); quad_allreduce_sum makes them whole rows before
 // the epilogue. The same rounded P as sm80::warp_gemm_p_rowsum's P * ones, without its chain of
@@ -448,12 +450,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kSlabs = Traits::kSlabs;
     using PTile = typename Traits::PTile;
 
-    // Where the row sums l = P 1 are formed (both from the same rounded P that P V multiplies):
-    // on the tensor cores (a wgmma m64 n8 beside each P V step, against ones) in the causal
-    // kernels and the d64 128-key kernel, where the consumers' ALU work limits; else by FADDs
-    // (add_p_row_sums), where the extra wgmma costs more tensor-core time than the adds cost
-    // (d128 / d256 non-causal: 0.89-1.00x, bench/NOTES.md run 160; d64's 192-key blocks, the
-    // long non-causal calls: FADDs 1.03x, 128-key d64 calls 0.94-0.98x, run 240).
+    // Where the row sums l = P 1 are formed (softmax.cuh kRowSumsOfFp32P).
+    // bf16: of the fp32 P, by FADDs (lse ~1e-6 off instead of up to ~1.7e-3 on short rows):
+    // after the exponentials (add_row_sums), or pair by pair behind them (kSumP) in d64's
+    // non-causal kernels, whose P leaves the scores' registers as it is packed (kPackPairs) or
+    // spans 192 keys; each form was 5-18% slower in the other's kernels. Against the sums of the
+    // rounded P they replace: d64 causal s1k-16k, d128 and d192 1-7% faster; d64 causal s512
+    // 5-10% and the 192-key calls 2-7% slower (bench/NOTES.md session 56, runs 258-261).
+    // fp16: of the P that P V multiplies, on the tensor cores (a wgmma m64 n8 beside each P V
+    // step, against ones) in the causal kernels and the d64 128-key kernel, where the consumers'
+    // ALU work limits; else by FADDs of the unpacked P (add_p_row_sums), where the extra wgmma
+    // costs more tensor-core time than the adds cost (measured on bf16 calls when they summed
+    // the rounded P: d128 / d256 non-causal 0.89-1.00x, bench/NOTES.md run 160; d64's 192-key
+    // blocks, the long non-causal calls: FADDs 1.03x, 128-key d64 calls 0.94-0.98x, run 240).
     // Dropout: by FADDs (the row sums are of the undropped P, the P V operand is dropped).
     constexpr bool kDropout = Traits::kDropout;
     // P packed into P V's A fragments pair by pair right behind its exponentials
@@ -464,8 +473,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr bool kPackPairs =
         Traits::kHeadDim == 64 && kBlockN == 128 && !Causal && !kDropout;
     constexpr bool kCarryFirstS = Traits::carries_first_s(Causal);
+    constexpr bool kFp32RowSums = kRowSumsOfFp32P<Element>;
+    constexpr bool kSumP = kFp32RowSums && (kPackPairs || kBlockN == 192);
     constexpr bool kRowSumsOnTensorCores =
-        (Causal || (Traits::kHeadDim == 64 && kBlockN == 128)) && !kDropout;
+        (Causal || (Traits::kHeadDim == 64 && kBlockN == 128)) && !kDropout && !kFp32RowSums;
     static_assert(!kDropout || (!HasAlibi && !HasSoftcap), "dropout without softcap / ALiBi");
     const Sm90Smem<Traits> smem = Sm90Smem<Traits>::make();
     const int tid = threadIdx.x;
@@ -843,12 +854,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 // with the next S's wgmma issues, which no longer wait for every exponential
                 // (the probabilities leave acc_s for temporaries).
                 wait_pv();
-                softmax.update_scores(s_frag, log2_scale, o_scale,
-                                      [&](int mt, int nt, int half, float p0, float p1) {
-                                          sm80::pack_p_pair<Element>(p_frag, mt, nt, half, p0, p1);
-                                      });
+                softmax.update_scores<kSumP>(
+                    s_frag, log2_scale, o_scale, [&](int mt, int nt, int half, float p0, float p1) {
+                        sm80::pack_p_pair<Element>(p_frag, mt, nt, half, p0, p1);
+                    });
             } else {
-                softmax.update_scores(s_frag, log2_scale, o_scale);
+                softmax.update_scores<kSumP>(s_frag, log2_scale, o_scale);
                 wait_pv();
             }
             // Where O is rescaled. Without a next S, or pingpong (outside the turn): here. Else
@@ -867,8 +878,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             if constexpr (kRowSumsOnTensorCores) {
                 OnlineSoftmax<1>::rescale(l_frag, o_scale);
-            } else {
+            } else if constexpr (!kFp32RowSums) {
                 add_p_row_sums<Element>(softmax.row_sum, p_frag);
+            } else if constexpr (!kSumP) {
+                softmax.add_row_sums(s_frag);
             }
             my_turn();
             if constexpr (decltype(has_next)::value) {  // acc_s is free again (P is in p_frag)
@@ -928,10 +941,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             softmax.row_sum[0][0] = acc_l[0];
             softmax.row_sum[0][1] = acc_l[2];
         } else {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                softmax.row_sum[0][half] = quad_allreduce_sum(softmax.row_sum[0][half]);
-            }
+            softmax.reduce_row_sums();
         }
         float lse[1][2];
         softmax.finalize(o_frag, lse, log2_scale);
