@@ -178,7 +178,7 @@ def test_large_magnitude(dtype, causal, d):
 
 
 # bf16 rows of a few keys: the kernels sum the fp32 P for bf16 inputs
-# (csrc/kernels/sm80/warp_gemm.cuh kRowSumsOfFp32P), so lse is the fp32 math's (~1e-6 off).
+# (csrc/kernels/softmax.cuh kRowSumsOfFp32P), so lse is the fp32 math's (~1e-6 off).
 # Sums of the bf16 P that P V multiplies put it up to ~1.7e-3 off on such rows (bench/NOTES.md,
 # session 56); P rounded to fp16 would leave up to 2^-11.
 SHORT_ROWS_LSE_BOUND = 1e-4
