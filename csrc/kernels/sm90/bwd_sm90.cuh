@@ -104,6 +104,10 @@ struct BwdSm90Traits {
     // is written. Three dS^T buffers: while one warpgroup writes block m + 1's, the other's dQ
     // GEMM of block m - 1 (in its batch of block m) may still read block m - 1's.
     static constexpr bool kDqDeferred = Pingpong;
+    // d64 with pingpong: the dQ GEMM of a query block is one warpgroup's, all 64 columns (n64),
+    // the warpgroups taking the blocks in turn; split by columns each read all of dS^T for an
+    // n32 (3 KB per k16 step, 6 KB for both) where one n64 reads 4 KB.
+    static constexpr bool kDqAlternate = Pingpong && HeadDim == 64;
     static constexpr int kDSBuffers = kDqDeferred ? 3 : 2;
     static constexpr int kPBuffers = kWide ? 2 : 0;
 
@@ -118,9 +122,14 @@ struct BwdSm90Traits {
     static constexpr int kDqBuffers = kDqInQdoTiles ? 0 : 1;  // per warpgroup
     // Columns of dQ per consumer warpgroup (d64: 32, d128: 64, d192: 96, d256: 128) and the
     // staging boxes of 32 columns they make.
-    static constexpr int kDqCols = HeadDim / kConsumerWarpgroups;
+    static constexpr int kDqCols = kDqAlternate ? HeadDim : HeadDim / kConsumerWarpgroups;
     static constexpr int kDqBoxes = kDqCols / 32;
     static constexpr int kDqBufferBytes = kDqBoxes * kDqBoxBytes;
+    // d64: each consumer warpgroup holds its 64 key rows of K and V as wgmma A fragments (16
+    // registers each, loaded once), so S^T = K Q^T and dP^T = V dO^T read only Q / dO from
+    // shared memory (2 KB per k16 step instead of 4: the shared-memory pipe was 69% busy in
+    // run 263's ncu, tensor 48%). d128 has no 64 registers to spare.
+    static constexpr bool kKVInRegisters = HeadDim == 64;
 
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kKVBytes;
@@ -435,6 +444,22 @@ __device__ __forceinline__ void store_key_rows(uint32_t rows, const uint32_t (&f
     }
 }
 
+// store_key_rows' inverse: one warp's A fragments of 16 key rows (warp_row0 + g, + 8) by 16
+// kKTiles columns of `rows` (128-byte swizzled rows of 64 columns per slab, the slabs
+// kSlabBytes apart, 1024-byte aligned), one ldmatrix.x4 per kk (lane 8 i + j: row warp_row0 + j +
+// 8 (i % 2), chunk 2 (kk % 4) + i / 2 of slab kk / 4).
+template <int kKTiles, int kSlabBytes>
+__device__ __forceinline__ void load_key_rows(uint32_t (&frag)[kKTiles][4], uint32_t rows,
+                                              int warp_row0, int lane) {
+    const int matrix = lane / 8, j = lane % 8;
+    const uint32_t base =
+        rows + (warp_row0 + j + 8 * (matrix % 2)) * 128 + (((matrix / 2) ^ j) << 4);
+#pragma unroll
+    for (int kk = 0; kk < kKTiles; ++kk) {
+        ptx::ldmatrix_x4(frag[kk], (base + (kk / 4) * kSlabBytes) ^ ((kk % 4) << 5));
+    }
+}
+
 // dQ = dS K over 16 kKSteps keys, kN columns (kN / 2 accumulators): A = dS^T rows at a_rows
 // (MN-major: k = keys, 16 of them = 2048 bytes per step), B = the K slab's rows at b_rows
 // (MN-major; d64's n32 starts 64 bytes into the slab's 128-byte rows, the swizzle applying to
@@ -653,11 +678,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return smem.ds(it % Traits::kDSBuffers);
     };
     // dQ split by columns: columns kDqCols c .. of the it-th query block over all kBlockN keys.
-    constexpr int kDqCols = Traits::kDqCols;
+    // kDqAlternate (not with dropout: its keep bits beside a 64-column dQ spilled 52 bytes): all
+    // columns, from 0; the staging buffer is sized for them (Traits::kDqCols).
+    constexpr bool kDqAlternate = Traits::kDqAlternate && !IsDropout;
+    constexpr int kDqCols = kDqAlternate ? kHeadDim : kHeadDim / Traits::kConsumerWarpgroups;
+    using DqAccumulator = float[kDqCols / 2];
+    const int dq_col0 = kDqAlternate ? 0 : kDqCols * c;
     auto issue_dq_split = [&](float (&acc_dq)[kDqCols / 2], int it) {
-        // Column kDqCols c of K: slab c (d128) or 64 bytes into the one slab (d64).
-        const uint32_t k_columns = (kDqCols * c / 64) * Traits::kKVSlabBytes +
-                                   2 * (kDqCols * c % 64);
+        // Column dq_col0 of K: slab c (d128), 64 bytes into the one slab (d64 split by
+        // columns, c = 1) or its start (kDqAlternate).
+        const uint32_t k_columns = (dq_col0 / 64) * Traits::kKVSlabBytes + 2 * (dq_col0 % 64);
         issue_dq_slab<Element, kBlockN / 16, kDqCols>(acc_dq, ds_buffer(it),
                                                       smem.k() + k_columns);
     };
@@ -671,7 +701,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_proxy_async_shared();  // the stores above, seen by the TMA
         consumer_warpgroup_sync(c);
         if (t == 0) {
-            issue_dq_reductions<Traits::kDqBoxBytes, kDqCols>(&dq_map, buffer, kDqCols * c,
+            issue_dq_reductions<Traits::kDqBoxBytes, kDqCols>(&dq_map, buffer, dq_col0,
                                                              dq_row0 + m0);
             commit_dq_reductions(complete);
         }
@@ -688,7 +718,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                            params, static_cast<int64_t>(batch) * params.h + head)
                      : DropoutMask{};
     wait_phase(smem.full_kv(), 0);
-    for (int it_lane = 0; it_lane < n_iters; ++it_lane) {
+    // kKVInRegisters: this warp's 16 key rows of K and V (this warpgroup's rows of the slab).
+    constexpr int kKVFragTiles = Traits::kKVInRegisters ? kHeadDim / 16 : 1;
+    [[maybe_unused]] uint32_t k_frag[kKVFragTiles][4], v_frag[kKVFragTiles][4];
+    if constexpr (Traits::kKVInRegisters) {
+        const uint32_t rows_offset = static_cast<uint32_t>(64 * c * 128);
+        load_key_rows<kKVFragTiles, Traits::kKVSlabBytes>(k_frag, smem.k() + rows_offset,
+                                                          16 * (t / 32), lane);
+        load_key_rows<kKVFragTiles, Traits::kKVSlabBytes>(v_frag, smem.v() + rows_offset,
+                                                          16 * (t / 32), lane);
+    }
+    // One query block; has_dq (kDqAlternate): this warpgroup issues the dQ GEMM of block it - 1.
+    auto iteration = [&](int it_lane, auto has_dq) {
         // Warp-uniform, as c: the shared addresses and wgmma descriptors below (the stage's,
         // the dS^T buffer's) are then built in uniform registers, one uniform add per wgmma.
         // Built per lane, each took about six instructions and an R2UR, 28 bytes spilled at
@@ -707,23 +748,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ptx90::fence_operand(acc_s);
         ptx90::fence_operand(acc_dp);
         ptx90::wgmma_fence();
-        // acc = A rows (this warpgroup's 64 keys of K or V) * B tile^T (Q or dO), one group.
-        auto ss_gemm = [&](float (&acc)[kBlockM / 2], uint32_t a_rows, uint32_t b_tile) {
+        // acc = A rows (this warpgroup's 64 keys of K or V: shared memory, or kKVInRegisters
+        // a_frag) * B tile^T (Q or dO), one group.
+        auto key_gemm = [&](float (&acc)[kBlockM / 2], uint32_t a_rows,
+                           const uint32_t (&a_frag)[kKVFragTiles][4], uint32_t b_tile) {
             const uint64_t desc_a = ptx90::make_smem_desc_sw128(a_rows);
             const uint64_t desc_b = ptx90::make_smem_desc_sw128(b_tile);
 #pragma unroll
             for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-                const uint32_t a_offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
                 const uint32_t b_offset = (ks / 4) * Traits::kQSlabBytes + 32 * (ks % 4);
-                ptx90::wgmma_ss<kBlockM, Element>(acc, ptx90::smem_desc_advance(desc_a, a_offset),
-                                                  ptx90::smem_desc_advance(desc_b, b_offset),
-                                                  ks > 0);
+                if constexpr (Traits::kKVInRegisters) {
+                    ptx90::wgmma_rs<kBlockM, Element, false>(
+                        acc, a_frag[ks], ptx90::smem_desc_advance(desc_b, b_offset), ks > 0);
+                } else {
+                    const uint32_t a_offset = (ks / 4) * Traits::kKVSlabBytes + 32 * (ks % 4);
+                    ptx90::wgmma_ss<kBlockM, Element>(
+                        acc, ptx90::smem_desc_advance(desc_a, a_offset),
+                        ptx90::smem_desc_advance(desc_b, b_offset), ks > 0);
+                }
             }
             ptx90::wgmma_commit();
         };
         my_turn();
-        ss_gemm(acc_s, k_rows, smem.q(stage));
-        ss_gemm(acc_dp, v_rows, smem.d_o(stage));
+        key_gemm(acc_s, k_rows, k_frag, smem.q(stage));
+        key_gemm(acc_dp, v_rows, v_frag, smem.d_o(stage));
         their_turn();
         // Dropout: the forward's keep bits of the warp's 16 keys x 64 queries (dropout.cuh),
         // drawn while S^T and dP^T accumulate.
@@ -796,7 +844,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // dQ = dS K, this warpgroup's kDqCols columns (kDqCols / 2 accumulators beside dK and
         // dV) over all kBlockN keys: both warpgroups' dS^T rows (written and fenced for the
         // async proxy).
-        float acc_dq[kDqCols / 2];
+        DqAccumulator acc_dq;
         const uint32_t dq_buffer = smem.dq(c);
         if constexpr (Traits::kDqDeferred) {
             // The dQ GEMM of block it - 1 (both warpgroups' dS^T rows of it are written: see
@@ -804,14 +852,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // holds and its result is dropped (issued anyway: the wgmma under a branch made
             // ptxas serialise the kernel's wgmma). The staged-dQ buffer's last reductions have
             // read it once this turn is passed.
-            if (t == 0) ptx90::bulk_wait_group_read<0>();
-            my_turn();
-            issue_dq_split(acc_dq, it + Traits::kDSBuffers - 1);  // (it - 1) mod kDSBuffers
-            issue_dv_dk();
-            their_turn();
-            ptx90::wgmma_wait<1>();
-            ptx90::fence_operand(acc_dq);
-            if (it > 0) reduce_dq(acc_dq, dq_buffer, m0 - kBlockM, false);  // under dV and dK
+            if constexpr (decltype(has_dq)::value) {
+                if (t == 0) ptx90::bulk_wait_group_read<0>();
+                my_turn();
+                issue_dq_split(acc_dq, it + Traits::kDSBuffers - 1);  // (it - 1) mod kDSBuffers
+                issue_dv_dk();
+                their_turn();
+                ptx90::wgmma_wait<1>();
+                ptx90::fence_operand(acc_dq);
+                if (it > 0) reduce_dq(acc_dq, dq_buffer, m0 - kBlockM, false);  // under dV, dK
+            } else {
+                my_turn();
+                issue_dv_dk();
+                their_turn();
+            }
             ptx90::wgmma_wait<0>();
             dv_dk_landed();
         } else {
@@ -833,12 +887,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             reduce_dq(acc_dq, dq_buffer, m0, ordered);
             if (ordered) turns.release(m0 / kBlockM, elected, Traits::kConsumerThreads);
         }
+    };
+    if constexpr (kDqAlternate) {
+        // Warpgroup c issues the dQ GEMMs of the query blocks of parity c, each in the iteration
+        // after the block's own (block it - 1 in iteration it). Both warpgroups run one loop
+        // unrolled by two, so one copy of it is in the instruction cache (a wgmma under a branch
+        // inside the loop would serialise the kernel's wgmma); warpgroup 1 first takes block 0
+        // alone (no dQ: block -1 has none).
+        if (c == 1 && n_iters > 0) iteration(0, std::false_type{});
+        for (int it = c; it < n_iters; it += 2) {
+            iteration(it, std::false_type{});
+            if (it + 1 == n_iters) break;
+            iteration(it + 1, std::true_type{});  // the dQ of block it
+        }
+    } else {
+        for (int it = 0; it < n_iters; ++it) iteration(it, std::true_type{});
     }
     if constexpr (Traits::kPingpong) {
         if (c == 0) my_turn();  // warpgroup 1's last arrival
     }
     if constexpr (Traits::kDqDeferred) {  // the last block's dQ (its dS^T written: the turns)
-        if (n_iters > 0) {
+        // kDqAlternate: the warpgroup of the last block's parity.
+        if (n_iters > 0 && (!kDqAlternate || (n_iters - 1) % 2 == c)) {
             float acc_dq[kDqCols / 2];
             issue_dq_split(acc_dq, n_iters - 1);
             if (t == 0) ptx90::bulk_wait_group_read<0>();
