@@ -682,6 +682,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // columns, from 0; the staging buffer is sized for them (Traits::kDqCols).
     constexpr bool kDqAlternate = Traits::kDqAlternate && !IsDropout;
     constexpr int kDqCols = kDqAlternate ? kHeadDim : kHeadDim / Traits::kConsumerWarpgroups;
+    // The dQ accumulator type, named: g++ 12 (the emulator's compiler) fails with an internal
+    // error on `float acc_dq[kDqCols / 2]` declared inside the generic lambda `iteration`.
+    using DqAccumulator = float[kDqCols / 2];
     const int dq_col0 = kDqAlternate ? 0 : kDqCols * c;
     auto issue_dq_split = [&](float (&acc_dq)[kDqCols / 2], int it) {
         // Column dq_col0 of K: slab c (d128), 64 bytes into the one slab (d64 split by
@@ -843,7 +846,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // dQ = dS K, this warpgroup's kDqCols columns (kDqCols / 2 accumulators beside dK and
         // dV) over all kBlockN keys: both warpgroups' dS^T rows (written and fenced for the
         // async proxy).
-        float acc_dq[kDqCols / 2];
+        DqAccumulator acc_dq;
         const uint32_t dq_buffer = smem.dq(c);
         if constexpr (Traits::kDqDeferred) {
             // The dQ GEMM of block it - 1 (both warpgroups' dS^T rows of it are written: see
