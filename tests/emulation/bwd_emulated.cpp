@@ -75,13 +75,10 @@ void run_tile(BwdParams& params) {
         HasAlibi || HasSoftcap, bias_traits_t<Config>,
         std::conditional_t<IsDropoutRun, bwd_dropout_traits_t<HeadDim>,
                            typename Config::Traits>>;
-    // Same sequence as csrc/kernels/sm80/bwd_launch.cuh (small grids: one block per 256 threads
-    // of work, grid-stride loops cover the rest).
-    const bool varlen = params.cu_seqlens_q != nullptr;
-    const long long rows = varlen ? static_cast<long long>(params.h) * params.total_q
-                                  : static_cast<long long>(params.b) * params.h * params.seqlen_q;
-    launch(dim3(static_cast<unsigned>((rows * 32 + 255) / 256)), 256, 0,
-           &mha_bwd_preprocess_kernel<Element>, params);
+    // Same sequence as csrc/kernels/sm80/bwd_launch.cuh, on small grids. The preprocess on two
+    // blocks: its grid-stride loops take the rest.
+    launch(dim3(2), 256, 0, &mha_bwd_preprocess_kernel<Element, bwd_preprocess_lanes(HeadDim)>,
+           params);
     const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const dim3 grid(params.deterministic ? params.num_splits : n_blocks, params.b, params.h);
     // The launcher's choice (bwd_launch.cuh): bwd_v2.cuh without dropout where the head dim has
@@ -130,11 +127,9 @@ void run_sm90_kernel(BwdParams& params) {
         params.dq_accum_split_stride = 0;
         params.dq_semaphore = reinterpret_cast<int*>(semaphores.data());
     }
-    const bool varlen = params.cu_seqlens_q != nullptr;
-    const long long rows = varlen ? static_cast<long long>(params.h) * params.total_q
-                                  : static_cast<long long>(params.b) * params.h * params.seqlen_q;
-    launch(dim3(static_cast<unsigned>((rows * 32 + 255) / 256)), 256, 0,
-           &mha_bwd_preprocess_kernel<Element>, params);
+    // The preprocess on two blocks: its grid-stride loops take the rest.
+    launch(dim3(2), 256, 0,
+           &mha_bwd_preprocess_kernel<Element, bwd_preprocess_lanes(Traits::kHeadDim)>, params);
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.b, params.h);
     emu::launch(grid, Traits::kNThreads, Traits::kSmemBytes, [&] {
         blockDim = dim3(Traits::kNThreads, 1, 1);
@@ -152,6 +147,7 @@ void run_sm90_kernel(BwdParams& params) {
     }
     // Every key-block CTA of a sequence passed every query block of it on: semaphore m of
     // (batch, head) ends at the sequence's number of key blocks.
+    const bool varlen = params.cu_seqlens_q != nullptr;
     for (int bi = 0; params.deterministic && bi < params.b; ++bi) {
         const int lq = varlen ? params.cu_seqlens_q[bi + 1] - params.cu_seqlens_q[bi]
                               : params.seqlen_q;

@@ -2,7 +2,8 @@
 // (packed rows, cu_seqlens), softcap and ALiBi (template flags), deterministic dq (splits).
 //
 // Three kernels per call (bwd_launch.cuh):
-//   1. preprocess: D[b, h, i] = sum_c dO[i, c] O[i, c] (fp32), one warp per query row.
+//   1. preprocess: D[b, h, i] = sum_c dO[i, c] O[i, c] (fp32), d / 8 lanes (a power of two) per
+//      (query row, head), 16-byte loads; it also zeroes dq_accum.
 //   2. main: one CTA per (key block of kBlockN rows, batch, query head). K_n, V_n go to shared
 //      memory once; the CTA loops over the query blocks that can see some key of the block:
 //        Q_m, dO_m, lse_m, D_m -> shared (cp.async; the next query block loads during
@@ -314,48 +315,84 @@ struct BwdQueryBlocks {
     }
 };
 
-// D = rowsum(dO * O), fp32: (b, h, seqlen_q_rounded), or (h, total_q) varlen. One warp per
-// (head, query row). Also zeroes dq_accum (params.dq_accum_zero_vec4 float4s, grid-stride).
-template <typename Element>
-__global__ void mha_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
+// Lanes of the preprocess per (query row, head): one per 8 columns (a 16-byte load of O and of
+// dO each), rounded up to a power of two (d96: 16, four idle), at most a warp.
+constexpr int bwd_preprocess_lanes(int head_dim) {
+    int lanes = 4;
+    while (lanes < 32 && 8 * lanes < head_dim) lanes *= 2;
+    return lanes;
+}
+
+// D = rowsum(dO * O), fp32: (b, h, seqlen_q_rounded), or (h, total_q) varlen. kLanes lanes per
+// (query row, head), 8 columns each (params.d a multiple of 8, rows 16-byte aligned: the host
+// pads them); the (row, head) pairs are taken heads fastest, so a warp reads 32 / kLanes
+// consecutive rows of 2 d bytes in the (b, s, h, d) layout. Also zeroes dq_accum
+// (params.dq_accum_zero_vec4 float4s). Both loops are grid-stride.
+template <typename Element, int kLanes>
+__global__ void __launch_bounds__(256) mha_bwd_preprocess_kernel(
+    const __grid_constant__ BwdParams params) {
+    static_assert(kLanes >= 1 && kLanes <= 32 && 32 % kLanes == 0, "a power of two <= 32");
+    constexpr int kRowsPerWarp = 32 / kLanes;
     const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t n_threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
     float4* const dq_accum = reinterpret_cast<float4*>(params.dq_accum_ptr);
-    for (int64_t i = thread; i < params.dq_accum_zero_vec4;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    for (int64_t i = thread; i < params.dq_accum_zero_vec4; i += n_threads) {
         dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    const int64_t warp_id = thread / 32;
-    const int lane = threadIdx.x % 32;
-    const Element* o;
-    const Element* d_o;
-    int64_t out_index;
-    if (params.cu_seqlens_q != nullptr) {  // packed rows: warp = head * total_q + row
-        if (warp_id >= static_cast<int64_t>(params.h) * params.total_q) return;
-        const int64_t row = warp_id % params.total_q;
-        const int head = static_cast<int>(warp_id / params.total_q);
-        o = reinterpret_cast<const Element*>(params.o_ptr) + row * params.o_row_stride +
-            head * params.o_head_stride;
-        d_o = reinterpret_cast<const Element*>(params.do_ptr) + row * params.do_row_stride +
-              head * params.do_head_stride;
-        out_index = warp_id;
-    } else {
-        const int64_t rows = static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
-        if (warp_id >= rows) return;
-        const int row = static_cast<int>(warp_id % params.seqlen_q);
-        const int64_t bh = warp_id / params.seqlen_q;
-        const int head = static_cast<int>(bh % params.h);
-        const int batch = static_cast<int>(bh / params.h);
-        o = reinterpret_cast<const Element*>(params.o_ptr) + batch * params.o_batch_stride +
-            row * params.o_row_stride + head * params.o_head_stride;
-        d_o = reinterpret_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
-              row * params.do_row_stride + head * params.do_head_stride;
-        out_index = bh * params.seqlen_q_rounded + row;
-    }
-    float sum = 0.f;
-    for (int c = lane; c < params.d; c += 32) sum += to_float(o[c]) * to_float(d_o[c]);
+    const bool varlen = params.cu_seqlens_q != nullptr;
+    const int64_t tokens = varlen ? params.total_q
+                                  : static_cast<int64_t>(params.b) * params.seqlen_q;
+    const int64_t pairs = tokens * params.h;  // (token, head), heads fastest
+    const int lane = threadIdx.x % kLanes;
+    const int chunks = params.d / 8;
+    // Warp-uniform trip count: every lane reaches the shuffles.
+    for (int64_t pair0 = thread / 32 * kRowsPerWarp; pair0 < pairs;
+         pair0 += n_threads / 32 * kRowsPerWarp) {
+        const int64_t pair = pair0 + threadIdx.x % 32 / kLanes;
+        float sum = 0.f;
+        int64_t out_index = 0;
+        if (pair < pairs) {
+            const int head = static_cast<int>(pair % params.h);
+            const int64_t token = pair / params.h;  // batch * seqlen_q + row, or the packed row
+            int64_t o_offset, do_offset;
+            if (varlen) {
+                o_offset = token * params.o_row_stride + head * params.o_head_stride;
+                do_offset = token * params.do_row_stride + head * params.do_head_stride;
+                out_index = static_cast<int64_t>(head) * params.total_q + token;
+            } else {
+                const int batch = static_cast<int>(token / params.seqlen_q);
+                const int row = static_cast<int>(token % params.seqlen_q);
+                o_offset = batch * params.o_batch_stride + row * params.o_row_stride +
+                           head * params.o_head_stride;
+                do_offset = batch * params.do_batch_stride + row * params.do_row_stride +
+                            head * params.do_head_stride;
+                out_index = (static_cast<int64_t>(batch) * params.h + head) *
+                                params.seqlen_q_rounded + row;
+            }
+            const Element* o = reinterpret_cast<const Element*>(params.o_ptr) + o_offset;
+            const Element* d_o = reinterpret_cast<const Element*>(params.do_ptr) + do_offset;
+            for (int c = lane; c < chunks; c += kLanes) {
+                const uint4 o8 = *reinterpret_cast<const uint4*>(o + 8 * c);
+                const uint4 do8 = *reinterpret_cast<const uint4*>(d_o + 8 * c);
+                const uint32_t o_words[4] = {o8.x, o8.y, o8.z, o8.w};
+                const uint32_t do_words[4] = {do8.x, do8.y, do8.z, do8.w};
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) reinterpret_cast<float*>(params.dsoftmax_sum)[out_index] = sum;
+                for (int w = 0; w < 4; ++w) {
+                    const float2 a = ptx::unpack_float2<Element>(o_words[w]);
+                    const float2 b = ptx::unpack_float2<Element>(do_words[w]);
+                    sum = fmaf(a.x, b.x, sum);
+                    sum = fmaf(a.y, b.y, sum);
+                }
+            }
+        }
+#pragma unroll
+        for (int off = kLanes / 2; off > 0; off /= 2) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        }
+        if (pair < pairs && lane == 0) {
+            reinterpret_cast<float*>(params.dsoftmax_sum)[out_index] = sum;
+        }
+    }
 }
 
 // x, recomputed where used (opaque to the compiler, so lane-derived addresses are rebuilt in

@@ -152,7 +152,7 @@ void run_mha_bwd_sm80(BwdParams& params, cudaStream_t stream) {
         throw std::runtime_error("flash_cuda: backward kernel supports at most 65535 batch "
                                  "entries and 65535 heads");
     }
-    sm80::launch_bwd_preprocess<Element>(params, stream);
+    sm80::launch_bwd_preprocess<Element, HeadDim>(params, stream);
     if (params.seqlen_k > 0) {
         const bool has_softcap = params.softcap > 0.f;
         const bool has_alibi = params.alibi_slopes_ptr != nullptr;

@@ -22,15 +22,19 @@ inline unsigned bwd_blocks_for(int64_t threads) {
     return static_cast<unsigned>(std::min<int64_t>((threads + 255) / 256, 65535 * 16));
 }
 
-// D = rowsum(dO * O): one warp per (head, query row); and dq_accum zeroed (dq_accum_zero_vec4).
-template <typename Element>
+// D = rowsum(dO * O), bwd_preprocess_lanes(HeadDim) lanes per (query row, head); and dq_accum
+// zeroed (dq_accum_zero_vec4). The grid covers the larger of the two (the rows, or four float4s
+// of zeros per thread); both loops are grid-stride beyond it.
+template <typename Element, int HeadDim>
 void launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream) {
+    constexpr int kLanes = bwd_preprocess_lanes(HeadDim);
     const bool varlen = params.cu_seqlens_q != nullptr;
-    const int64_t rows = varlen ? static_cast<int64_t>(params.h) * params.total_q
-                                : static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
-    if (rows > 0 || params.dq_accum_zero_vec4 > 0) {
-        const int64_t blocks = std::max<int64_t>((rows * 32 + 255) / 256, 1);
-        mha_bwd_preprocess_kernel<Element>
+    const int64_t pairs = varlen ? static_cast<int64_t>(params.h) * params.total_q
+                                 : static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
+    if (pairs > 0 || params.dq_accum_zero_vec4 > 0) {
+        const int64_t threads = std::max(pairs * kLanes, (params.dq_accum_zero_vec4 + 3) / 4);
+        const int64_t blocks = std::clamp<int64_t>((threads + 255) / 256, 1, int64_t{1} << 20);
+        mha_bwd_preprocess_kernel<Element, kLanes>
             <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(params);
         FLASH_CUDA_CHECK_LAUNCH();
     }

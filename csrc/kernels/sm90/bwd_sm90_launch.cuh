@@ -45,7 +45,7 @@ void run_mha_bwd_sm90(BwdParams& params, cudaStream_t stream) {
         throw std::runtime_error("flash_cuda: cuTensorMapEncodeTiled failed for the sm90 backward "
                                  "(CUresult " + std::to_string(r) + ")");
     }
-    sm80::launch_bwd_preprocess<Element>(params, stream);
+    sm80::launch_bwd_preprocess<Element, HeadDim>(params, stream);
     // The kernel without pingpong (the same tiles) where bwd_sm90_ordered_kernel says.
     using OrderedTraits = typename sm90::BwdSm90Config<HeadDim>::OrderedTraits;
     auto launch = [&](auto traits) {
