@@ -33,9 +33,8 @@ void launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream) {
                                  : static_cast<int64_t>(params.b) * params.h * params.seqlen_q;
     if (pairs > 0 || params.dq_accum_zero_vec4 > 0) {
         const int64_t threads = std::max(pairs * kLanes, (params.dq_accum_zero_vec4 + 3) / 4);
-        const int64_t blocks = std::clamp<int64_t>((threads + 255) / 256, 1, int64_t{1} << 20);
         mha_bwd_preprocess_kernel<Element, kLanes>
-            <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(params);
+            <<<bwd_blocks_for(threads), 256, 0, stream>>>(params);
         FLASH_CUDA_CHECK_LAUNCH();
     }
 }
